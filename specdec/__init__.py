@@ -1,0 +1,3 @@
+"""specdec: distributed speculative decoding. The shared library (math, models, sessions, stubs)."""
+
+PROTOCOL_VERSION = "specdec.v1"

@@ -1,0 +1,52 @@
+from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DraftPrefillRequest(_message.Message):
+    __slots__ = ("session_id", "token_ids", "sampling")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class DraftPrefillResponse(_message.Message):
+    __slots__ = ("handle", "compute_seconds", "queue_seconds")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    compute_seconds: float
+    queue_seconds: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("handle", "new_committed_token_ids", "num_speculative_tokens")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    NEW_COMMITTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    new_committed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_speculative_tokens: int
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., new_committed_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("handle", "draft_token_ids", "draft_distributions", "compute_seconds", "queue_seconds")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
+    compute_seconds: float
+    queue_seconds: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...

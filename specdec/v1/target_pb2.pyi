@@ -1,0 +1,78 @@
+from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TargetPrefillRequest(_message.Message):
+    __slots__ = ("session_id", "token_ids", "sampling", "resume")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _common_pb2.SamplingParams
+    resume: bool
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
+
+class TargetPrefillResponse(_message.Message):
+    __slots__ = ("handle", "next_token_id", "compute_seconds", "queue_seconds")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    next_token_id: int
+    compute_seconds: float
+    queue_seconds: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., next_token_id: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("handle", "draft_token_ids", "draft_distributions")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("handle", "num_accepted", "next_token_id", "acceptance_signal", "compute_seconds", "queue_seconds")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    num_accepted: int
+    next_token_id: int
+    acceptance_signal: _containers.RepeatedScalarFieldContainer[float]
+    compute_seconds: float
+    queue_seconds: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., acceptance_signal: _Optional[_Iterable[float]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+
+class GetTokenizerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TokenizerFile(_message.Message):
+    __slots__ = ("name", "content")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    content: bytes
+    def __init__(self, name: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
+
+class GetTokenizerResponse(_message.Message):
+    __slots__ = ("files", "tokenizer_hash")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_HASH_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[TokenizerFile]
+    tokenizer_hash: str
+    def __init__(self, files: _Optional[_Iterable[_Union[TokenizerFile, _Mapping]]] = ..., tokenizer_hash: _Optional[str] = ...) -> None: ...
