@@ -1,0 +1,59 @@
+"""The draft service's operations on sessions (no protobuf): Prefill and Propose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draft_service.engine import DraftEngine, DraftSessionState, Proposal
+from specdec.errors import InvalidInput, OutOfRange
+from specdec.models import LoadedModel
+from specdec.sampling import MAX_DRAFT_TOP_M, SamplingParams
+from specdec.serving import Handle, ServiceConfig, SessionService, Timing
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    top_m: int = MAX_DRAFT_TOP_M  # entries of q~ sent per draft token when sampling
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_m <= MAX_DRAFT_TOP_M:
+            raise ValueError(f"top_m must be in [1, {MAX_DRAFT_TOP_M}]")
+
+
+class DraftService(SessionService[DraftSessionState]):
+    role = "draft"
+
+    def __init__(self, loaded: LoadedModel, config: ServiceConfig, draft: DraftConfig = DraftConfig()):
+        super().__init__(loaded, config, size_of=lambda state: len(state.cache))
+        self.engine = DraftEngine(loaded, draft.top_m)
+
+    async def prefill(
+        self, session_id: str, token_ids: list[int], sampling: SamplingParams
+    ) -> tuple[Handle, None, Timing]:
+        self.check_prompt(token_ids)
+
+        def build() -> tuple[DraftSessionState, int, None]:
+            return self.engine.prefill(token_ids, sampling), len(token_ids), None
+
+        return await self.new_session(session_id, token_ids, build)
+
+    async def propose(
+        self, handle: Handle, new_committed: list[int], num_draft: int
+    ) -> tuple[Handle, Proposal, Timing]:
+        limit = self.config.max_num_speculative_tokens
+        if not 1 <= num_draft <= limit:
+            raise OutOfRange(f"num_speculative_tokens must be in [1, {limit}], got {num_draft}")
+        vocab = self.loaded.vocab_size
+        if any(not 0 <= t < vocab for t in new_committed):
+            raise OutOfRange(f"new_committed_token_ids must be in [0, {vocab})")
+        new_length = handle.committed_length + len(new_committed)
+        if new_length + num_draft > self.loaded.max_context:
+            raise OutOfRange(f"drafting {num_draft} tokens at length {new_length} exceeds the "
+                             f"max context {self.loaded.max_context}")
+        if new_length < 1:
+            raise InvalidInput("the committed sequence is empty")
+
+        def apply(state: DraftSessionState) -> tuple[int, Proposal]:
+            return new_length, self.engine.propose(state, new_committed, num_draft)
+
+        return await self.call(handle, apply)

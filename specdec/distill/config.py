@@ -1,0 +1,66 @@
+"""Typed, frozen configuration of the distillation recipe."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Everything `specdec distill` decides.
+
+    The draft is `num_layers` Llama layers at the target's width, initialised from the target's
+    first layers, with the target's embedding frozen and borrowed, and a head over only the token
+    ids the target emitted in the training answers.
+    """
+
+    target: str  # "default" or a Hugging Face directory
+    out_dir: Path
+    num_prompts: int = 1200
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 384  # prompts longer than this (chat template included) are dropped
+    generation_batch_size: int = 16
+    num_layers: int = 2
+    steps: int = 600
+    max_train_seconds: float | None = None  # stop training early; the LR schedule follows whichever
+    # of steps or time runs out first
+    batch_size: int = 16
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    soft_label_weight: float = 0.5  # weight of the KL term on the target's top-k logits
+    soft_label_top_k: int = 8
+    holdout_fraction: float = 0.08
+    eval_num_speculative_tokens: int = 4  # K of the teacher-forced τ simulation
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None  # torch.set_num_threads; None leaves torch's default
+    data_path: Path | None = None  # cache of generated answers: loaded if present, else written
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        positive = ("num_prompts", "max_new_tokens", "max_prompt_tokens", "generation_batch_size",
+                    "num_layers", "steps", "batch_size", "soft_label_top_k",
+                    "eval_num_speculative_tokens")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+        if self.num_prompts < 2:
+            raise ValueError("num_prompts must be >= 2 (one for training, one held out)")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0.0 <= self.soft_label_weight <= 1.0:
+            raise ValueError(f"soft_label_weight must be in [0, 1], got {self.soft_label_weight}")
+        if self.max_train_seconds is not None and self.max_train_seconds <= 0:
+            raise ValueError("max_train_seconds must be > 0")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup_steps must be >= 0")
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["out_dir"] = str(self.out_dir)
+        data["data_path"] = None if self.data_path is None else str(self.data_path)
+        return data

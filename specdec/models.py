@@ -1,0 +1,169 @@
+"""Loading causal LMs and their tokenizers from a local directory or the default pair."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+Role = Literal["target", "draft"]
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+DEFAULT_MODEL = "default"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model a service loads and where it runs."""
+
+    model: str  # a Hugging Face model directory, or "default" for the default pair
+    role: Role
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    max_context: int = 0  # 0: the model's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        if self.role not in ("target", "draft"):
+            raise ValueError(f"role must be target or draft, got {self.role!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.max_context < 0:
+            raise ValueError("max_context must be >= 0")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        return DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    model_id: str
+    vocab_size: int  # width of the logits
+    tokenizer_hash: str  # "" without a tokenizer
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+    dtype: str
+    device: str
+
+
+def resolve_model_dir(model: str, role: Role) -> Path:
+    """The directory behind a --model value."""
+    if model == DEFAULT_MODEL:
+        if role == "target":
+            from specdec.default_model import resolve_default_target
+
+            return resolve_default_target()
+        from specdec.draft_model import DEFAULT_DRAFT_DIR
+
+        return Path(DEFAULT_DRAFT_DIR)
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file() and not _is_draft_dir(path):
+        raise FileNotFoundError(
+            f"{model!r} is not a model directory (no config.json); pass a local Hugging Face "
+            f"model directory or 'default'"
+        )
+    return path
+
+
+def _is_draft_dir(path: Path) -> bool:
+    try:
+        from specdec.draft_model import is_draft_dir
+    except ImportError:
+        return False
+    return is_draft_dir(path)
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    path = resolve_model_dir(config.model, config.role)
+    dtype = config.torch_dtype
+    if _is_draft_dir(path):
+        from specdec.draft_model import load_draft, tokenizer_dir_of
+
+        model = load_draft(path, dtype=dtype, device=config.device)
+        tokenizer = load_tokenizer(tokenizer_dir_of(path))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(config.device)
+        tokenizer = load_tokenizer(path)
+    model.eval()
+    model.requires_grad_(False)
+    max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=config.model,
+        vocab_size=int(model.get_output_embeddings().out_features
+                       if hasattr(model.get_output_embeddings(), "out_features")
+                       else model.config.vocab_size),
+        tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else "",
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        max_context=max_context,
+        dtype=str(dtype).removeprefix("torch."),
+        device=config.device,
+    )
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
+    """The tokenizer saved in a directory, or None if it has none (token-id prompts only)."""
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((path / name).is_file() for name in names):
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    """SHA-256 of what decides token ids: the vocabulary and the special tokens."""
+    payload = {
+        "vocab": sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]),
+        "special": sorted(str(token) for token in tokenizer.all_special_tokens),
+    }
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode()).hexdigest()
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
+    candidates = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        candidates.extend(value if isinstance(value, (list, tuple)) else [value])
+    return tuple(sorted({int(v) for v in candidates}))
+
+
+def tokenizer_files(tokenizer: PreTrainedTokenizerBase | None) -> list[tuple[str, bytes]]:
+    """The files that rebuild this tokenizer with AutoTokenizer.from_pretrained."""
+    if tokenizer is None:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return [(p.name, p.read_bytes()) for p in sorted(Path(tmp).iterdir()) if p.is_file()]
+
+
+def tokenizer_from_files(files: list[tuple[str, bytes]]) -> PreTrainedTokenizerBase | None:
+    if not files:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, content in files:
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"refusing tokenizer file name {name!r}")
+            (Path(tmp) / name).write_bytes(content)
+        return AutoTokenizer.from_pretrained(tmp)

@@ -1,0 +1,162 @@
+"""Assembles a grpc.aio server: the error map, health (also on a separate plaintext port for the
+kubelet's probes, which present no client certificate), reflection, message limits, TLS, and a
+graceful stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specdec.rpc.errors import ErrorMappingInterceptor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+LIVENESS_SERVICE = "liveness"  # shallow: the process answers; "" is deep: the model answers
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM files. With ca_file set, the server requires client certificates (mutual TLS)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key_file.read_bytes(), self.cert_file.read_bytes())],
+            root_certificates=self.ca_file.read_bytes() if self.ca_file else None,
+            require_client_auth=self.ca_file is not None,
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_file.read_bytes() if self.ca_file else None,
+            private_key=self.key_file.read_bytes(),
+            certificate_chain=self.cert_file.read_bytes(),
+        )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: an ephemeral port
+    health_port: int | None = None  # plaintext health-only port; None: none, 0: ephemeral
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_seconds: float = 10.0  # in-flight calls get this long to finish on stop
+    tls: TlsConfig | None = None
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.health_port is not None and not 0 <= self.health_port < 65536:
+            raise ValueError(f"health_port must be in [0, 65536), got {self.health_port}")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be >= 1024")
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class RunningServer:
+    """A started server and its health state."""
+
+    def __init__(self, config: ServerConfig, service_names: Sequence[str]) -> None:
+        self.config = config
+        self.service_names = list(service_names)
+        self.health = health.aio.HealthServicer()
+        self._servers: list[grpc.aio.Server] = []
+        self.port = 0
+        self.health_port: int | None = None
+
+    async def start_health(self) -> None:
+        """Health first, NOT_SERVING, so probes answer while the model loads."""
+        for name in ("", *self.service_names):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.health_port is None:
+            return
+        server = grpc.aio.server(options=channel_options(64 * 1024))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self.health_port = server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
+        await server.start()
+        self._servers.append(server)
+
+    async def start(self, register: Callable[[grpc.aio.Server], None]) -> None:
+        """Starts the service port with the servicers register() adds, then reports SERVING."""
+        server = grpc.aio.server(
+            interceptors=[*self.config.interceptors, ErrorMappingInterceptor()],
+            options=channel_options(self.config.max_message_bytes),
+        )
+        register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        address = f"{self.config.host}:{self.config.port}"
+        if self.config.tls is not None:
+            self.port = server.add_secure_port(address, self.config.tls.server_credentials())
+        else:
+            self.port = server.add_insecure_port(address)
+        await server.start()
+        self._servers.append(server)
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self) -> None:
+        """NOT_SERVING first (routers stop sending new sessions), then drain in-flight calls."""
+        await self.set_serving(False)
+        await asyncio.gather(*(s.stop(self.config.grace_seconds) for s in reversed(self._servers)))
+
+    async def wait_for_signal(self) -> None:
+        """Blocks until SIGTERM or SIGINT, then stops gracefully."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received: draining for up to %.0f s", self.config.grace_seconds)
+        await self.stop()
+
+
+async def serve_model_until_signal(
+    role: str,
+    service_name: str,
+    server_config: ServerConfig,
+    load: Callable[[], Any],
+    start: Callable[[Any, RunningServer], Awaitable[Any]],
+) -> None:
+    """The life of a model service process: health up (NOT_SERVING) while load() runs on a thread,
+    start(loaded, running) -> service opens the service port, a READY line is printed, and on
+    SIGTERM / SIGINT the server drains and the service's worker and expiry stop."""
+    running = RunningServer(server_config, [service_name])
+    await running.start_health()
+    loaded = await asyncio.to_thread(load)
+    service = await start(loaded, running)
+    expiry = asyncio.create_task(service.expire_forever())
+    print(f"READY {role} {server_config.host}:{running.port} health={running.health_port} "
+          f"model={loaded.model_id} vocab={loaded.vocab_size}", flush=True)
+    try:
+        await running.wait_for_signal()
+    finally:
+        expiry.cancel()
+        service.worker.shutdown()

@@ -1,0 +1,176 @@
+"""What the draft and target services share above the model: handles, sessions, the worker,
+Info and expiry. Plain Python types; the servicers convert to and from protobuf."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from specdec import PROTOCOL_VERSION
+from specdec.errors import InvalidInput, OutOfRange, SessionNotFound
+from specdec.models import LoadedModel
+from specdec.sessions import Session, SessionBudget, SessionStore, check_handle
+from specdec.worker import ModelWorker
+
+log = logging.getLogger(__name__)
+State = TypeVar("State")
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class Handle:
+    session_id: str
+    replica_id: str
+    committed_length: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    compute_seconds: float
+    queue_seconds: float
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    protocol_version: str
+    role: str
+    model_id: str
+    vocab_size: int
+    tokenizer_hash: str
+    max_context: int
+    max_num_speculative_tokens: int
+    dtype: str
+    device: str
+    live_sessions: int
+    cached_tokens: int
+    load: float
+    replica_id: str
+    eos_token_ids: tuple[int, ...]
+    max_sessions: int
+    max_cached_tokens: int
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Limits shared by the draft and target services."""
+
+    replica_id: str
+    budget: SessionBudget = SessionBudget()
+    max_num_speculative_tokens: int = 16
+    max_queue: int = 64  # forward passes waiting for the worker before RESOURCE_EXHAUSTED
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            raise ValueError("replica_id must not be empty")
+        if not 1 <= self.max_num_speculative_tokens <= 256:
+            raise ValueError("max_num_speculative_tokens must be in [1, 256]")
+
+
+class SessionService(Generic[State]):
+    """Sessions of one model on one replica. Subclasses add Prefill and Verify / Propose."""
+
+    role = ""
+
+    def __init__(self, loaded: LoadedModel, config: ServiceConfig, size_of: Callable[[State], int]):
+        self.loaded = loaded
+        self.config = config
+        self.store: SessionStore[State] = SessionStore(config.budget, size_of)
+        self.worker = ModelWorker(config.max_queue)
+
+    def check_prompt(self, token_ids: list[int], what: str = "token_ids") -> None:
+        if not token_ids:
+            raise InvalidInput(f"{what} must not be empty")
+        if len(token_ids) > self.loaded.max_context:
+            raise OutOfRange(
+                f"{what} has {len(token_ids)} tokens, more than the max context "
+                f"{self.loaded.max_context}"
+            )
+        vocab = self.loaded.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise OutOfRange(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")
+
+    async def new_session(
+        self, session_id: str, token_ids: list[int], build: Callable[[], tuple[State, int, Result]]
+    ) -> tuple[Handle, Result, Timing]:
+        """Runs build() (-> state, committed length, result) on the worker as a new epoch."""
+        with self.store.admission(session_id, len(token_ids)):
+            timed = await self.worker.run(build)
+        state, committed_length, result = timed.value
+        session = self.store.create(session_id, committed_length, state)
+        return self._handle(session), result, Timing(timed.compute_seconds, timed.queue_seconds)
+
+    async def call(
+        self, handle: Handle, apply: Callable[[State], tuple[int, Result]]
+    ) -> tuple[Handle, Result, Timing]:
+        """Applies apply(state) -> (new committed length, result) once per handle.
+
+        A repeat of the last applied handle returns the stored answer; see specdec.sessions.
+        """
+        if handle.replica_id != self.config.replica_id:
+            raise SessionNotFound(
+                f"session {handle.session_id!r} belongs to replica {handle.replica_id!r}, "
+                f"this is {self.config.replica_id!r}"
+            )
+        session = self.store.lookup(handle.session_id, handle.epoch)
+        async with session.lock:
+            replay = check_handle(session, handle.committed_length)
+            if replay is not None:
+                return replay
+
+            def work() -> tuple[Handle, Result]:
+                new_length, result = apply(session.state)
+                new_handle = self._handle(session, new_length)
+                # Recorded on the worker, with the state change, so a cancelled caller cannot
+                # leave the cache advanced but the handle not.
+                session.record(handle.committed_length, new_length, (new_handle, result, None))
+                return new_handle, result
+
+            timed = await self.worker.run(work)
+            new_handle, result = timed.value
+            timing = Timing(timed.compute_seconds, timed.queue_seconds)
+            session.last_response = (new_handle, result, timing)
+            return new_handle, result, timing
+
+    async def release(self, session_id: str) -> bool:
+        return self.store.release(session_id)
+
+    def info(self) -> ServiceInfo:
+        loaded = self.loaded
+        return ServiceInfo(
+            protocol_version=PROTOCOL_VERSION,
+            role=self.role,
+            model_id=loaded.model_id,
+            vocab_size=loaded.vocab_size,
+            tokenizer_hash=loaded.tokenizer_hash,
+            max_context=loaded.max_context,
+            max_num_speculative_tokens=self.config.max_num_speculative_tokens,
+            dtype=loaded.dtype,
+            device=loaded.device,
+            live_sessions=len(self.store),
+            cached_tokens=self.store.cached_tokens(),
+            load=self.worker.load,
+            replica_id=self.config.replica_id,
+            eos_token_ids=loaded.eos_token_ids,
+            max_sessions=self.config.budget.max_sessions,
+            max_cached_tokens=self.config.budget.max_cached_tokens,
+        )
+
+    async def expire_forever(self, interval_seconds: float = 5.0) -> None:
+        while True:
+            await asyncio.sleep(interval_seconds)
+            for session_id in self.store.expire():
+                log.info("session %s expired after %.0f s idle", session_id,
+                         self.config.budget.ttl_seconds)
+
+    def _handle(self, session: Session[Any], committed_length: int | None = None) -> Handle:
+        return Handle(
+            session_id=session.session_id,
+            replica_id=self.config.replica_id,
+            committed_length=session.committed_length if committed_length is None else committed_length,
+            epoch=session.epoch,
+        )

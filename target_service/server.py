@@ -1,0 +1,40 @@
+"""Starts the target service: health first, then the model, then the service port."""
+
+from __future__ import annotations
+
+import logging
+
+from specdec.models import LoadedModel, ModelConfig, load_model
+from specdec.rpc.server import RunningServer, ServerConfig, serve_model_until_signal
+from specdec.serving import ServiceConfig
+from specdec.v1 import target_pb2, target_pb2_grpc
+from target_service.service import TargetService
+from target_service.servicer import TargetServicer
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
+
+
+async def start(
+    loaded: LoadedModel, service_config: ServiceConfig, server_config: ServerConfig,
+    running: RunningServer | None = None,
+) -> tuple[RunningServer, TargetService]:
+    """Serves an already loaded model (tests use this directly, on port 0)."""
+    if running is None:
+        running = RunningServer(server_config, [SERVICE_NAME])
+        await running.start_health()
+    service = TargetService(loaded, service_config)
+    servicer = TargetServicer(service)
+    await running.start(lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server))
+    return running, service
+
+
+async def serve(
+    model_config: ModelConfig, service_config: ServiceConfig, server_config: ServerConfig,
+) -> None:
+    async def start_loaded(loaded: LoadedModel, running: RunningServer) -> TargetService:
+        return (await start(loaded, service_config, server_config, running))[1]
+
+    await serve_model_until_signal(
+        "target", SERVICE_NAME, server_config, lambda: load_model(model_config), start_loaded
+    )

@@ -1,0 +1,41 @@
+"""The target service's operations on sessions (no protobuf): Prefill and Verify."""
+
+from __future__ import annotations
+
+from specdec.models import LoadedModel, tokenizer_files
+from specdec.sampling import SamplingParams, VerifyOutcome
+from specdec.serving import Handle, ServiceConfig, SessionService, Timing
+from target_service.engine import DraftProposal, TargetEngine, TargetSessionState
+
+
+class TargetService(SessionService[TargetSessionState]):
+    role = "target"
+
+    def __init__(self, loaded: LoadedModel, config: ServiceConfig) -> None:
+        super().__init__(loaded, config, size_of=lambda state: len(state.cache))
+        self.engine = TargetEngine(loaded, config.max_num_speculative_tokens)
+        self._tokenizer_files = tokenizer_files(loaded.tokenizer)
+
+    async def prefill(
+        self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool
+    ) -> tuple[Handle, int | None, Timing]:
+        self.check_prompt(token_ids)
+
+        def build() -> tuple[TargetSessionState, int, int | None]:
+            state, first = self.engine.prefill(token_ids, sampling, resume)
+            return state, state.committed_length, first
+
+        return await self.new_session(session_id, token_ids, build)
+
+    async def verify(self, handle: Handle, proposal: DraftProposal) -> tuple[Handle, VerifyOutcome, Timing]:
+        session = self.store.lookup(handle.session_id, handle.epoch)
+        self.engine.validate_proposal(proposal, session.state.sampling)
+
+        def apply(state: TargetSessionState) -> tuple[int, VerifyOutcome]:
+            outcome = self.engine.verify(state, proposal)
+            return state.committed_length, outcome
+
+        return await self.call(handle, apply)
+
+    def tokenizer_files(self) -> list[tuple[str, bytes]]:
+        return self._tokenizer_files

@@ -1,0 +1,58 @@
+"""TargetService over gRPC: convert, call, convert back."""
+
+from __future__ import annotations
+
+import grpc
+
+from specdec.rpc import convert
+from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_service.engine import DraftProposal
+from target_service.service import TargetService
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, service: TargetService) -> None:
+        self.service = service
+
+    async def Prefill(self, request: target_pb2.TargetPrefillRequest, context: grpc.aio.ServicerContext):
+        handle, first, timing = await self.service.prefill(
+            request.session_id,
+            list(request.token_ids),
+            convert.sampling_from_proto(request.sampling),
+            request.resume,
+        )
+        return target_pb2.TargetPrefillResponse(
+            handle=convert.handle_to_proto(handle),
+            next_token_id=first,
+            compute_seconds=timing.compute_seconds,
+            queue_seconds=timing.queue_seconds,
+        )
+
+    async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
+        proposal = DraftProposal(
+            token_ids=tuple(request.draft_token_ids),
+            distributions=tuple(convert.distribution_from_proto(d) for d in request.draft_distributions),
+        )
+        handle, outcome, timing = await self.service.verify(
+            convert.handle_from_proto(request.handle), proposal
+        )
+        return target_pb2.VerifyResponse(
+            handle=convert.handle_to_proto(handle),
+            num_accepted=outcome.num_accepted,
+            next_token_id=outcome.next_token_id,
+            acceptance_signal=list(outcome.acceptance_signal),
+            compute_seconds=timing.compute_seconds,
+            queue_seconds=timing.queue_seconds,
+        )
+
+    async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
+        return common_pb2.ReleaseResponse(released=await self.service.release(request.session_id))
+
+    async def Info(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        return convert.info_to_proto(self.service.info())
+
+    async def GetTokenizer(self, request: target_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext):
+        return target_pb2.GetTokenizerResponse(
+            files=[target_pb2.TokenizerFile(name=n, content=c) for n, c in self.service.tokenizer_files()],
+            tokenizer_hash=self.service.loaded.tokenizer_hash,
+        )
