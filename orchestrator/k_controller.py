@@ -1,0 +1,372 @@
+"""Choosing K, the number of draft tokens per round, from live measurements (DESIGN.md section 4).
+
+Terms (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding",
+arXiv 2211.17192, section 3; their gamma is our K):
+
+- K (``num_speculative_tokens``): draft tokens proposed in a round. K = 0 is plain decoding on the
+  target: one Verify of one row, no draft call.
+- alpha: the probability that the target accepts a draft token, taken as the same at every
+  position (per-position alpha_i are accepted by :func:`expected_committed_tokens`).
+- E(K): expected committed tokens per round, accepted drafts plus the one token the target always
+  adds (correction or bonus): sum_{i=0..K} alpha^i = (1 - alpha^(K+1)) / (1 - alpha).
+- t_draft: seconds per drafted token, i.e. per draft forward pass (a Propose of K makes K passes).
+- t_feed: seconds per extra committed token the draft must feed in one pass to catch up after
+  K = 0 rounds, during which it was not called.
+- T_verify(n): seconds of one target forward pass over n = K + 1 rows, fitted as a + b * n.
+- RTT_draft, RTT_target: per-hop network and RPC overhead, client wall time minus server time.
+- T_round(K) = K t_draft + T_verify(K + 1) + RTT_draft [K > 0] + RTT_target (+ catch-up).
+
+The controller picks K* = argmin over 0..K_max of T_round(K) / E(K), the expected seconds per
+committed token, and switches only when that beats the current K by a margin (hysteresis). While
+K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
+keep losing. The cost model is pure functions; the estimators live in orchestrator/k_estimates.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from orchestrator.k_estimates import (
+    AcceptanceEstimate,
+    ControllerPriors,
+    PriorEstimates,
+    RunningEstimate,
+    VerifyFit,
+)
+from orchestrator.k_policy import RoundObservation
+
+# ---------------------------------------------------------------------------------------------
+# The cost model (pure)
+
+
+def expected_committed_tokens(alpha: float | Sequence[float], num_speculative_tokens: int) -> float:
+    """E(K): expected tokens committed by a round of K drafts.
+
+    `alpha` is one acceptance probability, or per-position ones (alpha[i] for draft i + 1; the
+    last one repeats for later positions).
+    """
+    if num_speculative_tokens < 0:
+        raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+    if isinstance(alpha, (int, float)):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if alpha == 1.0:
+            return float(num_speculative_tokens + 1)
+        return (1.0 - alpha ** (num_speculative_tokens + 1)) / (1.0 - alpha)
+    if not alpha:
+        raise ValueError("per-position alpha must not be empty")
+    total, reach = 1.0, 1.0  # reach: probability that drafts 1..i were all accepted
+    for position in range(num_speculative_tokens):
+        reach *= alpha[min(position, len(alpha) - 1)]
+        total += reach
+    return total
+
+
+@dataclass(frozen=True)
+class LinearVerifyTime:
+    """T_verify(rows) = verify_a + verify_b * rows, seconds."""
+
+    verify_a: float
+    verify_b: float
+
+    def __call__(self, rows: int) -> float:
+        return self.verify_a + self.verify_b * rows
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Per-round cost figures in seconds; `verify_fn(rows)` gives T_verify."""
+
+    t_draft: float
+    verify_fn: Callable[[int], float]
+    rtt_draft: float
+    rtt_target: float
+    catchup_seconds: float = 0.0  # draft catch-up owed from K = 0 rounds, paid by the next K > 0
+
+
+def round_time(num_speculative_tokens: int, costs: RoundCosts) -> float:
+    """T_round(K), seconds."""
+    if num_speculative_tokens == 0:
+        return costs.verify_fn(1) + costs.rtt_target
+    k = num_speculative_tokens
+    draft_side = k * costs.t_draft + costs.rtt_draft + costs.catchup_seconds
+    return draft_side + costs.verify_fn(k + 1) + costs.rtt_target
+
+
+def seconds_per_token(
+    alpha: float | Sequence[float], num_speculative_tokens: int, costs: RoundCosts
+) -> float:
+    """T_round(K) / E(K): expected seconds per committed token."""
+    committed = expected_committed_tokens(alpha, num_speculative_tokens)
+    return round_time(num_speculative_tokens, costs) / committed
+
+
+def best_k(alpha: float | Sequence[float], costs: RoundCosts, k_max: int) -> int:
+    """K* = argmin over 0..k_max of T_round(K) / E(K); the smallest K on ties."""
+    times = [seconds_per_token(alpha, k, costs) for k in range(k_max + 1)]
+    return min(range(k_max + 1), key=times.__getitem__)
+
+
+def speedup_bound(
+    alpha: float | Sequence[float],
+    t_step: float,
+    t_draft: float,
+    verify_fn: Callable[[int], float],
+    rtt_draft: float,
+    rtt_target: float,
+    k_max: int,
+) -> float:
+    """Best achievable speedup over target-only decoding (T_step + RTT_target per token).
+
+    max over K in 0..k_max of E(K) (T_step + RTT_target) / T_round(K). K = 0 is included because
+    the controller may choose it, so the bound is below 1 only when T_verify(1) > T_step.
+    """
+    costs = RoundCosts(t_draft, verify_fn, rtt_draft=rtt_draft, rtt_target=rtt_target)
+    baseline = t_step + rtt_target
+    return max(baseline / seconds_per_token(alpha, k, costs) for k in range(k_max + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies
+
+
+@dataclass(frozen=True)
+class KControllerConfig:
+    """Settings of :class:`AdaptiveKController`. Weights are per round; times in seconds."""
+
+    k_max: int = 8  # largest K considered
+    initial_num_speculative_tokens: int = 4  # K until the cost model has its figures
+    hysteresis: float = 0.03  # switch K only when seconds per token improve by this fraction
+    probe_num_speculative_tokens: int = 2  # K of a probe round while the chosen K is 0
+    probe_interval_rounds: int = 16  # K = 0 rounds before the first probe
+    probe_interval_max_rounds: int = 512  # ceiling of the backed-off interval
+    probe_backoff: float = 2.0  # interval multiplier after a probe that leaves K at 0
+    prior_alpha: float = 0.6  # alpha before any measurement, when the pool has none
+    prior_alpha_strength: float = 4.0  # pseudo-trials behind the prior alpha
+    acceptance_decay: float = 0.99  # fraction of acceptance counts kept per round
+    timing_weight: float = 0.1  # EWMA weight of a new t_draft / t_feed / RTT sample
+    prior_timing_samples: float = 1.0  # pseudo-samples behind a pool prior's timing figure
+    verify_decay: float = 0.98  # fraction of the verify fit's old weight kept per round
+    verify_prior_strength: float = 2.0  # rounds' worth of ridge pull towards the verify prior
+    verify_prior_slope_ratio: float = 0.05  # b / a when the first Verify sets the prior
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"KControllerConfig: {message}")
+
+        check(self.k_max >= 1, f"k_max must be >= 1, got {self.k_max}")
+        initial = self.initial_num_speculative_tokens
+        check(0 <= initial <= self.k_max, f"initial K must be in [0, k_max], got {initial}")
+        check(0.0 <= self.hysteresis < 1.0, f"hysteresis must be in [0, 1), got {self.hysteresis}")
+        check(1 <= self.probe_num_speculative_tokens <= self.k_max, "probe K must be in [1, k_max]")
+        check(self.probe_interval_rounds >= 1, "probe_interval_rounds must be >= 1")
+        check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
+        check(self.probe_backoff >= 1.0, f"probe_backoff must be >= 1, got {self.probe_backoff}")
+        check(0.0 < self.prior_alpha < 1.0, f"prior_alpha must be in (0, 1): {self.prior_alpha}")
+        check(self.prior_alpha_strength >= 0.0, "prior_alpha_strength must be >= 0")
+        check(0.0 < self.acceptance_decay <= 1.0, "acceptance_decay must be in (0, 1]")
+        check(0.0 < self.timing_weight <= 1.0, "timing_weight must be in (0, 1]")
+        check(self.prior_timing_samples >= 0.0, "prior_timing_samples must be >= 0")
+        check(0.0 < self.verify_decay <= 1.0, "verify_decay must be in (0, 1]")
+        check(self.verify_prior_strength > 0.0, "verify_prior_strength must be > 0")
+        check(self.verify_prior_slope_ratio >= 0.0, "verify_prior_slope_ratio must be >= 0")
+
+
+class HeuristicK:
+    """Hugging Face's schedule (assisted generation, "heuristic"): +2 after a round that accepted
+    every draft, -1 otherwise, never below 1. For benchmarks."""
+
+    def __init__(self, initial_num_speculative_tokens: int = 5, k_max: int | None = None) -> None:
+        if initial_num_speculative_tokens < 1:
+            raise ValueError("initial_num_speculative_tokens must be >= 1")
+        self._k_max = k_max
+        self._num_speculative_tokens = self._capped(initial_num_speculative_tokens)
+
+    def _capped(self, k: int) -> int:
+        return k if self._k_max is None else min(k, self._k_max)
+
+    def choose(self, max_num_speculative_tokens: int) -> int:
+        return max(0, min(self._num_speculative_tokens, max_num_speculative_tokens))
+
+    def observe(self, observation: RoundObservation) -> None:
+        k = observation.num_speculative_tokens
+        if k == 0:
+            return
+        if observation.num_accepted == k:
+            self._num_speculative_tokens = self._capped(self._num_speculative_tokens + 2)
+        else:
+            self._num_speculative_tokens = max(1, self._num_speculative_tokens - 1)
+
+    def estimates(self) -> dict[str, float]:
+        return {"num_speculative_tokens": float(self._num_speculative_tokens)}
+
+
+class AdaptiveKController:
+    """K* = argmin T_round(K) / E(K) from one session's online estimates (see module docstring).
+
+    One instance per session; `priors`, if given, is shared by the sessions of a pool: it seeds
+    this session's estimates and receives them after every round.
+    """
+
+    def __init__(
+        self, config: KControllerConfig | None = None, priors: ControllerPriors | None = None
+    ) -> None:
+        self._config = config if config is not None else KControllerConfig()
+        self._priors = priors
+        cfg = self._config
+        seed = priors.snapshot() if priors is not None else PriorEstimates()
+        prior_alpha = seed.alpha if seed.alpha is not None else cfg.prior_alpha
+        self._alpha = AcceptanceEstimate(
+            prior_alpha, cfg.prior_alpha_strength, cfg.acceptance_decay
+        )
+        self._t_draft = self._timing_estimate(seed.t_draft_per_token)
+        self._t_feed = self._timing_estimate(seed.t_feed_per_token)
+        self._rtt_draft = self._timing_estimate(seed.rtt_draft)
+        self._rtt_target = self._timing_estimate(seed.rtt_target)
+        self._verify = VerifyFit(
+            cfg.verify_prior_strength,
+            cfg.verify_decay,
+            cfg.verify_prior_slope_ratio,
+            prior_a=seed.verify_a,
+            prior_b=seed.verify_b,
+        )
+        self._round = 0
+        self._current_k = cfg.initial_num_speculative_tokens
+        self._pending_catchup_tokens = 0  # committed tokens the draft missed during K = 0 rounds
+        self._rounds_since_probe = 0
+        self._probe_interval = cfg.probe_interval_rounds
+        self._probe_outstanding = False
+        costs = self._costs()
+        if costs is not None:  # the pool's figures are complete: start at their best K
+            self._current_k = best_k(self._alpha.alpha, costs, cfg.k_max)
+
+    # -- KPolicy ---------------------------------------------------------------------------------
+
+    def choose(self, max_num_speculative_tokens: int) -> int:
+        cap = min(max_num_speculative_tokens, self._config.k_max)
+        if cap <= 0:
+            return 0
+        if self._current_k == 0 and self._rounds_since_probe >= self._probe_interval:
+            self._probe_outstanding = True
+            return min(self._config.probe_num_speculative_tokens, cap)
+        if self._current_k <= cap:
+            return self._current_k
+        costs = self._costs()  # capped below our K (end of output): best K that fits
+        return cap if costs is None else best_k(self._alpha.alpha, costs, cap)
+
+    def observe(self, observation: RoundObservation) -> None:
+        self._round += 1
+        self._update_estimates(observation)
+        previous_k = self._current_k
+        self._decide()
+        self._schedule_probes(previous_k, observation.num_speculative_tokens)
+        if self._priors is not None:
+            self._priors.update(self._session_estimates())
+
+    def estimates(self) -> dict[str, float]:
+        figures: dict[str, float] = {
+            "alpha": self._alpha.alpha,
+            "num_speculative_tokens": float(self._current_k),
+            "probe_interval_rounds": float(self._probe_interval),
+        }
+        named = {
+            "t_draft_per_token": self._t_draft.value,
+            "t_feed_per_token": self._t_feed.value,
+            "rtt_draft": self._rtt_draft.value,
+            "rtt_target": self._rtt_target.value,
+        }
+        figures.update({name: value for name, value in named.items() if value is not None})
+        coefficients = self._verify.coefficients()
+        if coefficients is not None:
+            figures["verify_a"], figures["verify_b"] = coefficients
+        costs = self._costs(include_catchup=False)
+        if costs is not None:
+            per_token = seconds_per_token(self._alpha.alpha, self._current_k, costs)
+            figures["predicted_tokens_per_second"] = 1.0 / per_token
+            target_only = seconds_per_token(self._alpha.alpha, 0, costs)
+            figures["predicted_speedup_vs_k0"] = target_only / per_token
+        return figures
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _timing_estimate(self, seed: float | None) -> RunningEstimate:
+        cfg = self._config
+        return RunningEstimate.seeded(cfg.timing_weight, seed, cfg.prior_timing_samples)
+
+    def _update_estimates(self, observation: RoundObservation) -> None:
+        k, index = observation.num_speculative_tokens, self._round
+        self._alpha.update(k, observation.num_accepted, index)
+        if k > 0:
+            # A Propose of K makes K draft passes; the first also feeds the catch-up. Tokens fed
+            # beyond one per pass are catch-up (one extra is normal after a fully accepted round).
+            extra_tokens = observation.draft_fed_tokens - k
+            if extra_tokens <= 1:
+                self._t_draft.update(observation.draft_compute_seconds / k, index)
+            elif self._t_draft.value is not None:
+                excess = max(0.0, observation.draft_compute_seconds - k * self._t_draft.value)
+                self._t_feed.update(excess / extra_tokens, index)
+            draft_overhead = observation.draft_wall_seconds - observation.draft_compute_seconds
+            self._rtt_draft.update(max(0.0, draft_overhead), index)
+            self._pending_catchup_tokens = 0
+        else:
+            self._pending_catchup_tokens += 1
+        self._verify.update(k + 1, observation.verify_compute_seconds, index)
+        target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
+        self._rtt_target.update(max(0.0, target_overhead), index)
+
+    def _costs(self, include_catchup: bool = True) -> RoundCosts | None:
+        coefficients = self._verify.coefficients()
+        t_draft, rtt_draft = self._t_draft.value, self._rtt_draft.value
+        rtt_target = self._rtt_target.value
+        if coefficients is None or t_draft is None or rtt_draft is None or rtt_target is None:
+            return None
+        t_feed = self._t_feed.value if self._t_feed.value is not None else t_draft
+        catchup = self._pending_catchup_tokens * t_feed if include_catchup else 0.0
+        return RoundCosts(t_draft, LinearVerifyTime(*coefficients), rtt_draft, rtt_target, catchup)
+
+    def _decide(self) -> None:
+        costs = self._costs()
+        if costs is None:
+            return
+        alpha = self._alpha.alpha
+        times = [seconds_per_token(alpha, k, costs) for k in range(self._config.k_max + 1)]
+        best = min(range(len(times)), key=times.__getitem__)
+        current = min(self._current_k, self._config.k_max)
+        if best != current and times[best] < times[current] * (1.0 - self._config.hysteresis):
+            self._current_k = best
+
+    def _schedule_probes(self, previous_k: int, observed_k: int) -> None:
+        """Count K = 0 rounds to the next probe; back off after a probe that left K at 0."""
+        cfg = self._config
+        if self._probe_outstanding and observed_k > 0:
+            self._probe_outstanding = False
+            self._rounds_since_probe = 0
+            if self._current_k == 0:
+                backed_off = math.ceil(self._probe_interval * cfg.probe_backoff)
+                self._probe_interval = min(cfg.probe_interval_max_rounds, backed_off)
+            else:
+                self._probe_interval = cfg.probe_interval_rounds
+        elif self._current_k == 0 and previous_k != 0:
+            self._rounds_since_probe = 0
+        elif self._current_k == 0 and observed_k == 0:
+            self._rounds_since_probe += 1
+
+    def _session_estimates(self) -> PriorEstimates:
+        """This session's own figures for the pool (None where it has measured nothing yet)."""
+
+        def own(estimate: RunningEstimate) -> float | None:
+            return estimate.value if estimate.session_samples > 0 else None
+
+        coefficients = self._verify.coefficients() if self._verify.session_samples > 0 else None
+        return PriorEstimates(
+            alpha=self._alpha.alpha if self._alpha.session_samples > 0 else None,
+            t_draft_per_token=own(self._t_draft),
+            t_feed_per_token=own(self._t_feed),
+            verify_a=coefficients[0] if coefficients else None,
+            verify_b=coefficients[1] if coefficients else None,
+            rtt_draft=own(self._rtt_draft),
+            rtt_target=own(self._rtt_target),
+        )

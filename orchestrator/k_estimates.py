@@ -1,0 +1,197 @@
+"""Online estimators behind the adaptive K controller (orchestrator/k_controller.py).
+
+Each estimator takes one sample per round and knows the index of the round it last saw, so that a
+sample arriving after a long gap (say the draft hop's RTT, measured again by a probe after many
+K = 0 rounds in which no draft call was made) counts for more than one arriving every round: old
+information is discounted by the rounds elapsed, not by the samples taken.
+
+- :class:`RunningEstimate`: an EWMA that starts as a running mean (so a session's first samples
+  are not swamped by its seed) and forgets by rounds elapsed.
+- :class:`AcceptanceEstimate`: alpha, the per-token acceptance probability, as accepted /
+  (accepted + rejections) with a Beta prior and discounted counts. A round with n < K accepted gives
+  n successes and one failure; a full round gives K successes and no failure. That is the maximum
+  likelihood estimate under geometric acceptance; accepted / drafted is biased low, because the
+  positions after the first rejection were never tested.
+- :class:`VerifyFit`: T_verify(n) ~ a + b * n, discounted least squares with a ridge pull towards a
+  prior (a0, b0), so it is defined from rounds that all used the same K.
+- :class:`ControllerPriors`: pool-wide figures that sessions update and new sessions start from.
+
+Pure Python: no I/O, no protobuf, no module-level state.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, fields, replace
+
+# The verify slope's ridge penalty is scaled as if measured at this many rows, so that a prior
+# strength of "s rounds" pulls the intercept and the slope about equally hard.
+_VERIFY_SLOPE_REFERENCE_ROWS = 4.0
+
+
+def staleness_weight(weight: float, rounds_elapsed: int) -> float:
+    """Weight of a new sample when the previous one is `rounds_elapsed` rounds old."""
+    return 1.0 - (1.0 - weight) ** max(1, rounds_elapsed)
+
+
+@dataclass
+class RunningEstimate:
+    """EWMA with weight `weight` per round; a running mean while it has few samples."""
+
+    weight: float
+    value: float | None = None
+    samples: float = 0.0  # samples (and pseudo-samples of a seed) behind `value`
+    last_round: int | None = None
+    session_samples: int = 0  # real samples seen by this estimate (not the seed)
+
+    @classmethod
+    def seeded(cls, weight: float, seed: float | None, seed_samples: float) -> RunningEstimate:
+        if seed is None:
+            return cls(weight)
+        return cls(weight, value=seed, samples=seed_samples)
+
+    def update(self, sample: float, round_index: int) -> None:
+        if self.value is None:
+            self.value = sample
+        else:
+            elapsed = 1 if self.last_round is None else round_index - self.last_round
+            running_mean = 1.0 / (self.samples + 1.0)
+            step = max(self.weight, running_mean, staleness_weight(self.weight, elapsed))
+            self.value += step * (sample - self.value)
+        self.samples += 1.0
+        self.last_round = round_index
+        self.session_samples += 1
+
+
+@dataclass
+class AcceptanceEstimate:
+    """alpha = (accepted + prior successes) / (accepted + rejections + prior strength)."""
+
+    prior_alpha: float
+    prior_strength: float  # pseudo-trials behind prior_alpha
+    decay: float  # fraction of the counts kept per round elapsed (1.0: never forget)
+    accepted: float = 0.0
+    rejected: float = 0.0
+    last_round: int | None = None
+    session_samples: int = 0  # rounds with K > 0 seen
+
+    def update(self, num_speculative_tokens: int, num_accepted: int, round_index: int) -> None:
+        if num_speculative_tokens <= 0:
+            return  # K = 0: nothing was tested
+        if self.last_round is not None:
+            keep = self.decay ** max(0, round_index - self.last_round)
+            self.accepted *= keep
+            self.rejected *= keep
+        self.accepted += num_accepted
+        self.rejected += 1.0 if num_accepted < num_speculative_tokens else 0.0
+        self.last_round = round_index
+        self.session_samples += 1
+
+    @property
+    def alpha(self) -> float:
+        successes = self.accepted + self.prior_alpha * self.prior_strength
+        trials = self.accepted + self.rejected + self.prior_strength
+        return successes / trials if trials > 0 else self.prior_alpha
+
+
+@dataclass
+class VerifyFit:
+    """T_verify(n) ~ a + b * n, n = K + 1 rows in one target pass; ridge towards (a0, b0).
+
+    Minimises  sum_i w_i (t_i - a - b n_i)^2 + s (a - a0)^2 + s r^2 (b - b0)^2  with w_i = decay^age
+    and r a reference row count. When nothing seeds the prior, the first sample sets it, splitting
+    its time as b0 = slope_ratio * a0.
+    """
+
+    prior_strength: float  # s, in rounds
+    decay: float  # fraction of old rounds' weight kept per round elapsed
+    slope_ratio: float  # b0 / a0 when the first sample sets the prior
+    prior_a: float | None = None
+    prior_b: float | None = None
+    last_round: int | None = None
+    session_samples: int = 0
+    # Discounted sufficient statistics: sum w, w n, w n^2, w t, w n t.
+    _sw: float = 0.0
+    _sn: float = 0.0
+    _snn: float = 0.0
+    _st: float = 0.0
+    _snt: float = 0.0
+
+    def update(self, rows: int, seconds: float, round_index: int) -> None:
+        if self.prior_a is None or self.prior_b is None:
+            self.prior_a = seconds / (1.0 + self.slope_ratio * rows)
+            self.prior_b = self.slope_ratio * self.prior_a
+        if self.last_round is not None:
+            keep = self.decay ** max(0, round_index - self.last_round)
+            self._sw, self._sn, self._snn = self._sw * keep, self._sn * keep, self._snn * keep
+            self._st, self._snt = self._st * keep, self._snt * keep
+        self._sw += 1.0
+        self._sn += rows
+        self._snn += rows * rows
+        self._st += seconds
+        self._snt += rows * seconds
+        self.last_round = round_index
+        self.session_samples += 1
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(a, b) with a, b >= 0, or None before any sample or prior."""
+        if self.prior_a is None or self.prior_b is None:
+            return None
+        ridge_a = self.prior_strength
+        ridge_b = self.prior_strength * _VERIFY_SLOPE_REFERENCE_ROWS**2
+        # Normal equations [[sw + ra, sn], [sn, snn + rb]] [a, b] = [st + ra a0, snt + rb b0].
+        m11, m12, m22 = self._sw + ridge_a, self._sn, self._snn + ridge_b
+        y1 = self._st + ridge_a * self.prior_a
+        y2 = self._snt + ridge_b * self.prior_b
+        det = m11 * m22 - m12 * m12
+        a = (y1 * m22 - m12 * y2) / det
+        b = (m11 * y2 - m12 * y1) / det
+        if b < 0.0:  # CPU timings are not monotone in n; never predict that more rows are cheaper
+            return max(0.0, y1 / m11), 0.0
+        if a < 0.0:
+            return 0.0, max(0.0, y2 / m22)
+        return a, b
+
+
+@dataclass(frozen=True)
+class PriorEstimates:
+    """Figures a session starts from; None where nothing is known. Seconds, probabilities."""
+
+    alpha: float | None = None
+    t_draft_per_token: float | None = None
+    t_feed_per_token: float | None = None
+    verify_a: float | None = None
+    verify_b: float | None = None
+    rtt_draft: float | None = None
+    rtt_target: float | None = None
+
+
+class ControllerPriors:
+    """Pool-wide priors: an EWMA, over all sessions' updates, of each session's own estimates.
+
+    Shared by the sessions of one orchestrator (one draft pool, one target pool), so a new session
+    starts from what the pool measured instead of from defaults. Thread-safe.
+    """
+
+    def __init__(self, weight: float = 0.05, initial: PriorEstimates | None = None) -> None:
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self._weight = weight
+        self._current = initial if initial is not None else PriorEstimates()
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> PriorEstimates:
+        with self._lock:
+            return self._current
+
+    def update(self, session: PriorEstimates) -> None:
+        """Blend in one session's current estimates (its None fields leave the prior alone)."""
+        with self._lock:
+            changes: dict[str, float] = {}
+            for field in fields(PriorEstimates):
+                new = getattr(session, field.name)
+                if new is None:
+                    continue
+                old = getattr(self._current, field.name)
+                changes[field.name] = new if old is None else old + self._weight * (new - old)
+            self._current = replace(self._current, **changes)

@@ -1,0 +1,35 @@
+"""Starts the orchestrator: the pools and the pair check, then the public API."""
+
+from __future__ import annotations
+
+from orchestrator.service import OrchestratorConfig, OrchestratorService
+from orchestrator.servicer import OrchestratorServicer
+from specdec.rpc.server import RunningServer, ServerConfig
+from specdec.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+
+
+async def start(
+    config: OrchestratorConfig, server_config: ServerConfig, running: RunningServer | None = None
+) -> tuple[RunningServer, OrchestratorService]:
+    if running is None:
+        running = RunningServer(server_config, [SERVICE_NAME])
+        await running.start_health()
+    service = OrchestratorService(config)
+    await service.start()
+    servicer = OrchestratorServicer(service)
+    await running.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
+    return running, service
+
+
+async def serve(config: OrchestratorConfig, server_config: ServerConfig) -> None:
+    running = RunningServer(server_config, [SERVICE_NAME])
+    await running.start_health()
+    running, service = await start(config, server_config, running)
+    print(f"READY orchestrator {server_config.host}:{running.port} health={running.health_port} "
+          f"draft={config.draft} target={config.target}", flush=True)
+    try:
+        await running.wait_for_signal()
+    finally:
+        await service.close()

@@ -1,0 +1,110 @@
+"""The public Orchestrator API over gRPC: convert, call, convert back."""
+
+from __future__ import annotations
+
+import contextlib
+
+import grpc
+
+from orchestrator.generation import Chunk
+from orchestrator.service import OrchestratorService, PromptInput
+from orchestrator.stats import GenerationStats
+from specdec.errors import InvalidInput
+from specdec.rpc import convert
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+
+MODE_OF = {
+    pb.SPECULATION_MODE_UNSPECIFIED: None,
+    pb.SPECULATION_MODE_OFF: "off",
+    pb.SPECULATION_MODE_FIXED: "fixed",
+    pb.SPECULATION_MODE_ADAPTIVE: "adaptive",
+}
+FINISH_OF = {
+    "length": pb.FINISH_REASON_LENGTH,
+    "eos": pb.FINISH_REASON_EOS,
+    "stop": pb.FINISH_REASON_STOP,
+    "context": pb.FINISH_REASON_CONTEXT,
+}
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
+    def __init__(self, service: OrchestratorService) -> None:
+        self.service = service
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        if request.speculation.mode not in MODE_OF:
+            raise InvalidInput(f"unknown speculation mode {request.speculation.mode}")
+        mode = MODE_OF[request.speculation.mode]
+        k = request.speculation.num_speculative_tokens if request.speculation.HasField("num_speculative_tokens") else None
+        policy = self.service.policy(mode, k)
+        effective_mode = mode or self.service.config.speculation
+        chunks = self.service.generate(
+            PromptInput(
+                prompt=request.prompt,
+                prompt_token_ids=tuple(request.prompt_token_ids),
+                messages=tuple((m.role, m.content) for m in request.messages),
+            ),
+            max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
+            sampling=convert.sampling_from_proto(request.sampling, draw_seed=True),
+            stop=tuple(request.stop),
+            policy=policy,
+            speculate=effective_mode != "off",
+        )
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield _response(chunk)
+
+    async def Pools(self, request: pb.PoolsRequest, context: grpc.aio.ServicerContext):
+        pools = []
+        for pool in (self.service.draft_pool, self.service.target_pool):
+            pools.append(pb.PoolStatus(
+                role=pool.role,
+                source=pool.source.description,
+                replicas=[
+                    pb.ReplicaStatus(
+                        address=r.address,
+                        replica_id=r.replica_id,
+                        healthy=r.healthy and not r.refused,
+                        accepting=r.accepting,
+                        active_sessions=r.active_sessions,
+                        load=r.info.load if r.info else 0.0,
+                        model_id=r.info.model_id if r.info else "",
+                    )
+                    for r in sorted(pool.replicas.values(), key=lambda r: r.address)
+                ],
+            ))
+        return pb.PoolsResponse(pools=pools)
+
+
+def _response(chunk: Chunk) -> pb.GenerateResponse:
+    response = pb.GenerateResponse(token_ids=list(chunk.token_ids), text=chunk.text)
+    if chunk.finish_reason is not None:
+        response.finish_reason = FINISH_OF[chunk.finish_reason]
+    if chunk.stats is not None:
+        response.stats.CopyFrom(stats_to_proto(chunk.stats))
+    return response
+
+
+def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
+    return pb.GenerationStats(
+        prompt_tokens=stats.prompt_tokens,
+        generated_tokens=stats.generated_tokens,
+        rounds=stats.rounds,
+        drafted_tokens=stats.drafted_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        mean_accepted_length=stats.mean_accepted_length,
+        acceptance_rate=stats.acceptance_rate,
+        num_speculative_tokens_per_round=stats.num_speculative_tokens_per_round,
+        tokens_per_second=stats.tokens_per_second,
+        wall_seconds=stats.wall_seconds,
+        time_to_first_token_seconds=stats.time_to_first_token_seconds,
+        draft_seconds=stats.draft_seconds,
+        verify_seconds=stats.verify_seconds,
+        network_seconds=stats.network_seconds,
+        re_prefills=stats.re_prefills,
+        draft_unavailable_rounds=stats.draft_unavailable_rounds,
+        target_replica=stats.target_replica,
+        draft_replica=stats.draft_replica,
+        controller_estimates=stats.controller_estimates,
+    )

@@ -1,0 +1,56 @@
+"""Per-request statistics, accumulated round by round (plain Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.clients import CallTiming
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    committed_in_rounds: int = 0  # tokens committed by Verify rounds (the prefill's token excluded)
+    num_speculative_tokens_per_round: list[int] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    time_to_first_token_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    network_seconds: float = 0.0
+    re_prefills: int = 0
+    draft_unavailable_rounds: int = 0
+    target_replica: str = ""
+    draft_replica: str = ""
+    controller_estimates: dict[str, float] = field(default_factory=dict)
+
+    def add_draft_call(self, timing: CallTiming) -> None:
+        self.draft_seconds += timing.compute_seconds
+        self.network_seconds += timing.network_seconds
+
+    def add_target_call(self, timing: CallTiming) -> None:
+        self.verify_seconds += timing.compute_seconds
+        self.network_seconds += timing.network_seconds
+
+    def add_round(self, num_draft: int, num_accepted: int, committed: int) -> None:
+        self.rounds += 1
+        self.num_speculative_tokens_per_round.append(num_draft)
+        self.drafted_tokens += num_draft
+        self.accepted_tokens += num_accepted
+        self.committed_in_rounds += committed
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: committed tokens per round."""
+        return self.committed_in_rounds / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0

@@ -1,0 +1,94 @@
+"""The three real services in one process, on ephemeral loopback ports (for service tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+import draft_service.server
+import orchestrator.server
+import target_service.server
+from draft_service.service import DraftConfig
+from orchestrator.pool import PoolConfig
+from orchestrator.service import OrchestratorConfig
+from specdec.models import ModelConfig, load_model
+from specdec.rpc.server import RunningServer, ServerConfig
+from specdec.serving import ServiceConfig
+from specdec.sessions import SessionBudget
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+
+
+@dataclass
+class Stack:
+    target: Any  # TargetService
+    draft: Any  # DraftService
+    orchestrator: Any  # OrchestratorService
+    servers: list[RunningServer] = field(default_factory=list)
+
+    @property
+    def target_address(self) -> str:
+        return f"127.0.0.1:{self.servers[0].port}"
+
+    @property
+    def draft_address(self) -> str:
+        return f"127.0.0.1:{self.servers[1].port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.servers[2].port}"
+
+    async def stop(self) -> None:
+        await self.orchestrator.close()
+        for server in reversed(self.servers):
+            await server.stop()
+
+
+async def start_target(model_dir: Path, replica_id: str = "target-0", **service) -> tuple[RunningServer, Any]:
+    loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
+    return await target_service.server.start(
+        loaded, ServiceConfig(replica_id=replica_id, **service), ServerConfig(port=0)
+    )
+
+
+async def start_draft(model_dir: Path, replica_id: str = "draft-0", top_m: int = 64, **service) -> tuple[RunningServer, Any]:
+    loaded = load_model(ModelConfig(str(model_dir), "draft", dtype="float64"))
+    return await draft_service.server.start(
+        loaded, ServiceConfig(replica_id=replica_id, **service), ServerConfig(port=0),
+        draft_config=DraftConfig(top_m=top_m),
+    )
+
+
+async def start_stack(
+    target_dir: Path, draft_dir: Path, num_speculative_tokens: int = 4, top_m: int = 64,
+    budget: SessionBudget = SessionBudget(),
+) -> Stack:
+    target_server, target = await start_target(target_dir, budget=budget)
+    draft_server, draft = await start_draft(draft_dir, top_m=top_m, budget=budget)
+    config = OrchestratorConfig(
+        draft=f"127.0.0.1:{draft_server.port}",
+        target=f"127.0.0.1:{target_server.port}",
+        num_speculative_tokens=num_speculative_tokens,
+        pool=PoolConfig(refresh_seconds=0.5),
+        startup_timeout_seconds=30,
+    )
+    orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+    return Stack(target, draft, service, [target_server, draft_server, orchestrator_server])
+
+
+def generate(address: str, request: pb.GenerateRequest, timeout: float = 300) -> tuple[list[int], str, pb.GenerateResponse]:
+    """Calls Generate with a sync client; returns (token ids, text, last response)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        token_ids: list[int] = []
+        text = ""
+        last = None
+        for response in stub.Generate(request, timeout=timeout):
+            token_ids.extend(response.token_ids)
+            text += response.text
+            last = response
+    assert last is not None
+    return token_ids, text, last
