@@ -1,0 +1,82 @@
+"""Starting services as separate processes and waiting for their READY line (up, demo, tests)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+READY = re.compile(r"^READY (\w+) (\S+):(\d+)")
+
+
+@dataclass
+class ServiceProcess:
+    role: str
+    process: subprocess.Popen
+    address: str = ""
+    lines: deque = field(default_factory=lambda: deque(maxlen=200))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (the service drains), then SIGKILL after timeout."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, for fault tests."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def specdec_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specdec_cli.main", *args]
+
+
+def start_service(
+    role: str, args: list[str], timeout: float = 600.0, echo: bool = False, env: dict | None = None
+) -> ServiceProcess:
+    """Runs `specdec serve ROLE ARGS` and returns once it printed READY (with its address)."""
+    command = specdec_command("serve", role, *args)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        env={**os.environ, **(env or {})},
+    )
+    service = ServiceProcess(role, process)
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            service.lines.append(line)
+            if echo:
+                sys.stderr.write(f"[{role}] {line}")
+            match = READY.match(line)
+            if match and not ready.is_set():
+                service.address = f"{match.group(2)}:{match.group(3)}"
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.1):
+        if process.poll() is not None or time.monotonic() > deadline:
+            service.kill()
+            raise RuntimeError(
+                f"specdec serve {role} did not become ready (exit {process.returncode}):\n"
+                + service.output()[-4000:]
+            )
+    return service
