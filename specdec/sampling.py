@@ -167,7 +167,8 @@ def verify_sampled(
     num_accepted = (~all_passed).int().argmax(-1)  # (B,): index of the first rejection, or K
     target_row = target_probs[rows, num_accepted]  # (B, V)
     # Row K has no draft: padding q~ with zeros makes the residual equal p there (the bonus).
-    padded_draft = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+    padding = torch.zeros(batch, 1, target_probs.shape[-1], dtype=draft_probs.dtype)
+    padded_draft = torch.cat([draft_probs, padding], dim=1)  # (B, K + 1, V)
     residual = (target_row - padded_draft[rows, num_accepted]).clamp(min=0)  # (B, V)
     empty = residual.sum(-1, keepdim=True) <= _EMPTY_RESIDUAL
     final_dist = torch.where(empty, target_row, residual)

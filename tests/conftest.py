@@ -63,3 +63,31 @@ def tiny_pair(tmp_path_factory) -> TinyPair:
         draft_dir=tiny_models.save(tiny_models.perturbed_copy(target, seed=1, scale=0.3), root / "draft"),
         far_draft_dir=tiny_models.save(tiny_models.make_model(seed=7), root / "far-draft"),
     )
+
+
+@pytest.fixture(scope="session")
+def stack(loop_thread, tiny_pair):
+    """Target + perturbed draft + orchestrator, in-process, float64, K = 4 by default."""
+    import stack as stack_module
+
+    running = loop_thread.run(stack_module.start_stack(tiny_pair.target_dir, tiny_pair.draft_dir))
+    yield running
+    loop_thread.run(running.stop())
+
+
+@pytest.fixture(scope="session")
+def stack_same(loop_thread, tiny_pair):
+    """The draft is the target itself: every drafted token must be accepted."""
+    import stack as stack_module
+
+    running = loop_thread.run(stack_module.start_stack(tiny_pair.target_dir, tiny_pair.target_dir))
+    yield running
+    loop_thread.run(running.stop())
+
+
+@pytest.fixture(scope="session")
+def reference_target(tiny_pair):
+    """The target alone, in-process, for model.generate references."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, dtype=torch.float64).eval()
