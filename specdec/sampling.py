@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 MAX_DRAFT_TOP_M = 64  # largest q~ a draft may send (entries)
+MIN_TEMPERATURE = 1e-6  # below this (and above 0) logits / temperature can overflow to NaN
 _EMPTY_RESIDUAL = 1e-12  # a residual mass below this is treated as zero (p == q~ up to rounding)
 
 
@@ -48,6 +49,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
         if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -73,7 +76,8 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     """Processed probabilities, float64. logits: (..., V) -> (..., V).
 
     Temperature, then top-k (ties with the k-th value kept), then top-p (the smallest set of
-    highest-probability tokens whose mass exceeds top_p, at least one token), as transformers does.
+    highest-probability tokens whose mass is at least top_p, at least one token), as transformers
+    does.
     Greedy params give the one-hot of argmax (first index on ties, like torch.argmax).
     """
     scores = logits.to(torch.float64)

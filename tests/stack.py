@@ -47,27 +47,32 @@ class Stack:
             await server.stop()
 
 
-async def start_target(model_dir: Path, replica_id: str = "target-0", **service) -> tuple[RunningServer, Any]:
+async def start_target(
+    model_dir: Path, replica_id: str = "target-0", interceptors: tuple = (), **service
+) -> tuple[RunningServer, Any]:
     loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
     return await target_service.server.start(
-        loaded, ServiceConfig(replica_id=replica_id, **service), ServerConfig(port=0)
+        loaded, ServiceConfig(replica_id=replica_id, **service),
+        ServerConfig(port=0, interceptors=interceptors),
     )
 
 
-async def start_draft(model_dir: Path, replica_id: str = "draft-0", top_m: int = 64, **service) -> tuple[RunningServer, Any]:
+async def start_draft(
+    model_dir: Path, replica_id: str = "draft-0", top_m: int = 64, interceptors: tuple = (), **service
+) -> tuple[RunningServer, Any]:
     loaded = load_model(ModelConfig(str(model_dir), "draft", dtype="float64"))
     return await draft_service.server.start(
-        loaded, ServiceConfig(replica_id=replica_id, **service), ServerConfig(port=0),
-        draft_config=DraftConfig(top_m=top_m),
+        loaded, ServiceConfig(replica_id=replica_id, **service),
+        ServerConfig(port=0, interceptors=interceptors), draft_config=DraftConfig(top_m=top_m),
     )
 
 
 async def start_stack(
     target_dir: Path, draft_dir: Path, num_speculative_tokens: int = 4, top_m: int = 64,
-    budget: SessionBudget = SessionBudget(),
+    budget: SessionBudget = SessionBudget(), interceptors: tuple = (),
 ) -> Stack:
-    target_server, target = await start_target(target_dir, budget=budget)
-    draft_server, draft = await start_draft(draft_dir, top_m=top_m, budget=budget)
+    target_server, target = await start_target(target_dir, budget=budget, interceptors=interceptors)
+    draft_server, draft = await start_draft(draft_dir, top_m=top_m, budget=budget, interceptors=interceptors)
     config = OrchestratorConfig(
         draft=f"127.0.0.1:{draft_server.port}",
         target=f"127.0.0.1:{target_server.port}",

@@ -8,7 +8,7 @@ import secrets
 import torch
 
 from specdec.errors import InvalidInput
-from specdec.sampling import SamplingParams
+from specdec.sampling import MIN_TEMPERATURE, SamplingParams
 from specdec.serving import Handle, ServiceInfo
 from specdec.v1 import common_pb2
 
@@ -18,6 +18,8 @@ def sampling_from_proto(message: common_pb2.SamplingParams, *, draw_seed: bool =
     temperature = float(message.temperature)
     if not math.isfinite(temperature) or temperature < 0:
         raise InvalidInput(f"temperature must be finite and >= 0, got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InvalidInput(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {temperature}")
     top_p = float(message.top_p) if message.HasField("top_p") else 1.0
     if not math.isfinite(top_p) or not 0 < top_p <= 1:
         raise InvalidInput(f"top_p must be in (0, 1], got {top_p}")

@@ -34,15 +34,6 @@ from specdec.sampling import (
 
 LARGEST_UNIFORM = 1.0 - 2.0**-53  # the largest float64 below 1, the largest keyed_uniform
 
-# BUG in specdec.sampling.verify_sampled, reported, not fixed here (not this file's module): with
-# K = 0 (plain decoding through the same path, DESIGN.md section 2) the zero pad for row K is built
-# as zeros_like(draft_probs[:, :1]), which has shape (B, 0, V) when draft_probs is (B, 0, V), so
-# indexing it raises IndexError. strict: once fixed these cases pass and the mark must go.
-# `pytest --runxfail` shows the failure itself.
-K0_BUG = pytest.mark.xfail(
-    strict=True, raises=IndexError, reason="verify_sampled pads row K from an empty draft_probs"
-)
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _torch_single_thread_for_this_module():
@@ -446,7 +437,6 @@ def test_all_accepted_samples_the_bonus_from_row_k():
     assert_grid_law(next_token_ids, bonus)
 
 
-@K0_BUG
 def test_no_draft_tokens_means_sampling_from_the_target():
     target_row = dist(0.1, 0.0, 0.4, 0.25, 0.25)
     count = 1000
