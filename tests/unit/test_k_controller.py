@@ -1,0 +1,353 @@
+"""The K controller (DESIGN.md section 4) on synthetic rounds: no servers, no clocks.
+
+A seeded simulator plays the two services: geometric acceptance with a true alpha, compute times
+from a true cost model (optionally with multiplicative noise), wall time = compute + the hop's RTT.
+Every run is deterministic, so the assertions are exact statements about the controller.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+
+import pytest
+
+from orchestrator.k_controller import (
+    AdaptiveKController,
+    HeuristicK,
+    KControllerConfig,
+    LinearVerifyTime,
+    RoundCosts,
+    best_k,
+    expected_committed_tokens,
+    round_time,
+    seconds_per_token,
+    speedup_bound,
+)
+from orchestrator.k_estimates import ControllerPriors
+from orchestrator.k_policy import KPolicy, RoundObservation
+
+K_MAX = 8
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """The true state of the world, seconds. Defaults: a GPU-like pair on a fast network."""
+
+    alpha: float = 0.7
+    t_draft: float = 0.002
+    verify_a: float = 0.010
+    verify_b: float = 0.0005
+    rtt_draft: float = 0.001
+    rtt_target: float = 0.001
+    t_feed: float = 0.0002  # per catch-up token, fed in one pass
+    noise: float = 0.0  # each time is scaled by a uniform factor in [1 - noise, 1 + noise]
+
+    def costs(self) -> RoundCosts:
+        verify = LinearVerifyTime(self.verify_a, self.verify_b)
+        return RoundCosts(self.t_draft, verify, self.rtt_draft, self.rtt_target)
+
+
+class SimulatedServices:
+    """Produces the RoundObservation the orchestrator would measure for a round of K."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._draft_lacks = 1  # committed tokens the draft has not fed (1 after prefill)
+
+    def _noisy(self, seconds: float, world: Conditions) -> float:
+        return seconds * (1.0 + world.noise * self._rng.uniform(-1.0, 1.0))
+
+    def round(self, k: int, world: Conditions) -> RoundObservation:
+        verify = self._noisy(world.verify_a + world.verify_b * (k + 1), world)
+        verify_wall = verify + self._noisy(world.rtt_target, world)
+        if k == 0:
+            self._draft_lacks += 1
+            return RoundObservation(0, 0, (), 0.0, 0.0, 0, verify, verify_wall)
+        accepted = 0
+        while accepted < k and self._rng.random() < world.alpha:
+            accepted += 1
+        fed = self._draft_lacks + k - 1
+        draft = self._noisy(k * world.t_draft + (self._draft_lacks - 1) * world.t_feed, world)
+        draft_wall = draft + self._noisy(world.rtt_draft, world)
+        self._draft_lacks = 2 if accepted == k else 1
+        signal = tuple(1.0 if i < accepted else 0.0 for i in range(k))
+        return RoundObservation(k, accepted, signal, draft, draft_wall, fed, verify, verify_wall)
+
+
+def play(policy: KPolicy, services: SimulatedServices, world: Conditions, rounds: int) -> list[int]:
+    """Run `rounds` rounds; returns the K of each."""
+    chosen = []
+    for _ in range(rounds):
+        k = policy.choose(K_MAX)
+        policy.observe(services.round(k, world))
+        chosen.append(k)
+    return chosen
+
+
+def settled_k(world: Conditions, seed: int = 0) -> int:
+    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    return play(controller, SimulatedServices(seed), world, 300)[-1]
+
+
+def mean_settled_k(world: Conditions) -> float:
+    """Mean K over rounds 200..299 of three seeded sessions.
+
+    Near the optimum seconds per token is flat in K (neighbours within the hysteresis margin), so
+    a single session may settle one step either side; the mean over sessions is what moves.
+    """
+    chosen: list[int] = []
+    for seed in range(3):
+        controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+        chosen += play(controller, SimulatedServices(seed), world, 300)[200:]
+    return sum(chosen) / len(chosen)
+
+
+def switches(ks: list[int]) -> int:
+    return sum(1 for before, after in zip(ks, ks[1:]) if before != after)
+
+
+# -- the pure cost model --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95, 1.0])
+@pytest.mark.parametrize("k", [0, 1, 4, 9])
+def test_expected_committed_tokens_closed_form_matches_the_sum(alpha: float, k: int) -> None:
+    direct_sum = sum(alpha**i for i in range(k + 1))
+    assert expected_committed_tokens(alpha, k) == pytest.approx(direct_sum, rel=1e-12)
+    assert expected_committed_tokens([alpha], k) == pytest.approx(direct_sum, rel=1e-12)
+
+
+def test_expected_committed_tokens_per_position() -> None:
+    # 1 + a1 + a1 a2 + a1 a2 a3, the last alpha repeating
+    assert expected_committed_tokens([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+    with pytest.raises(ValueError):
+        expected_committed_tokens(1.5, 2)
+
+
+def test_round_time_charges_the_draft_hop_only_when_drafting() -> None:
+    costs = RoundCosts(0.002, LinearVerifyTime(0.01, 0.001), 0.005, 0.003, catchup_seconds=0.004)
+    assert round_time(0, costs) == pytest.approx(0.011 + 0.003)
+    assert round_time(3, costs) == pytest.approx(3 * 0.002 + 0.014 + 0.005 + 0.003 + 0.004)
+
+
+def test_best_k_is_the_argmin_and_zero_when_drafting_cannot_pay() -> None:
+    world = Conditions(rtt_target=0.01)
+    k = best_k(world.alpha, world.costs(), K_MAX)
+    times = [seconds_per_token(world.alpha, j, world.costs()) for j in range(K_MAX + 1)]
+    assert times[k] == min(times) and k > 0
+    assert best_k(0.0, world.costs(), K_MAX) == 0  # nothing is ever accepted
+
+
+def test_speedup_bound_matches_the_notes_figure() -> None:
+    # NOTES.md: on CPU, alpha 0.7, K = 4, T_verify(5) ~ 1.5 T_step, draft step 0.06 T_step -> ~1.55x
+    t_step = 0.055
+    verify = LinearVerifyTime(0.875 * t_step, 0.125 * t_step)  # T_verify(1) = T_step, (5) = 1.5
+    bound = speedup_bound(0.7, t_step, 0.06 * t_step, verify, 0.0, 0.0, k_max=8)
+    at_k4 = expected_committed_tokens(0.7, 4) * t_step / (4 * 0.06 * t_step + 1.5 * t_step)
+    at_k3 = expected_committed_tokens(0.7, 3) * t_step / (3 * 0.06 * t_step + 1.375 * t_step)
+    assert at_k4 == pytest.approx(1.594, abs=1e-3)
+    assert bound == pytest.approx(at_k3)  # K = 3 is the best of 0..8 here
+    # K = 0 is allowed, so the bound never promises less than target-only decoding
+    assert speedup_bound(0.0, t_step, t_step, LinearVerifyTime(t_step, 0.0), 0.1, 0.0, 4) == 1.0
+
+
+# -- the controller's decisions -------------------------------------------------------------------
+
+
+def test_k_rises_with_the_target_hop_rtt() -> None:
+    worlds = [Conditions(rtt_target=rtt_ms / 1000) for rtt_ms in (0, 2, 10, 30)]
+    assert [best_k(0.7, world.costs(), K_MAX) for world in worlds] == [3, 3, 4, 5]  # the truth
+    ks = [mean_settled_k(world) for world in worlds]
+    assert ks == sorted(ks), ks
+    assert ks[-1] >= ks[0] + 1, ks
+
+
+def test_k_falls_as_alpha_falls() -> None:
+    ks = [mean_settled_k(Conditions(alpha=a, rtt_target=0.01)) for a in (0.9, 0.7, 0.5, 0.3)]
+    assert ks == sorted(ks, reverse=True), ks
+    assert ks[0] >= ks[-1] + 3, ks
+
+
+@pytest.mark.parametrize("world", [Conditions(rtt_target=0.002), Conditions(rtt_target=0.03)])
+def test_settled_k_is_close_to_optimal(world: Conditions) -> None:
+    k = settled_k(world)
+    optimum = best_k(world.alpha, world.costs(), K_MAX)
+    achieved = seconds_per_token(world.alpha, k, world.costs())
+    assert achieved <= 1.05 * seconds_per_token(world.alpha, optimum, world.costs())
+
+
+def slow_draft_hop() -> Conditions:
+    """A 50 ms draft hop in front of a fast, nearby target: no K > 0 pays for the hop."""
+    return Conditions(rtt_draft=0.050, verify_a=0.005, verify_b=0.0002, rtt_target=0.001)
+
+
+def test_k_goes_to_zero_when_drafting_costs_more_than_it_saves() -> None:
+    world = slow_draft_hop()
+    assert best_k(world.alpha, world.costs(), K_MAX) == 0
+    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    ks = play(controller, SimulatedServices(1), world, 200)
+    assert ks[0] > 0  # it starts drafting, measures, and gives up
+    assert ks[-1] == 0
+    assert controller.estimates()["num_speculative_tokens"] == 0
+
+
+def test_probes_back_off_while_they_keep_losing() -> None:
+    config = KControllerConfig(k_max=K_MAX, probe_interval_rounds=10, probe_backoff=2.0)
+    controller = AdaptiveKController(config)
+    ks = play(controller, SimulatedServices(2), slow_draft_hop(), 700)
+    first_zero = ks.index(0)
+    probes = [i for i, k in enumerate(ks) if k > 0 and i > first_zero]
+    assert len(probes) >= 3
+    gaps = [after - before for before, after in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0], gaps
+
+
+def test_k_recovers_when_the_draft_hop_gets_fast_again() -> None:
+    config = KControllerConfig(k_max=K_MAX, probe_interval_rounds=16, probe_interval_max_rounds=64)
+    controller = AdaptiveKController(config)
+    services = SimulatedServices(3)
+    assert play(controller, services, slow_draft_hop(), 300)[-1] == 0
+    better = replace(slow_draft_hop(), rtt_draft=0.0005, rtt_target=0.01)
+    assert best_k(better.alpha, better.costs(), K_MAX) > 0
+    ks = play(controller, services, better, 200)
+    assert ks[-1] > 0
+    assert all(k > 0 for k in ks[-50:])  # recovered for good, not just probing
+
+
+def test_k_recovers_when_acceptance_improves() -> None:
+    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX, probe_interval_max_rounds=64))
+    services = SimulatedServices(4)
+    assert play(controller, services, Conditions(alpha=0.05), 300)[-1] == 0
+    ks = play(controller, services, Conditions(alpha=0.8, rtt_target=0.01), 400)
+    assert all(k > 0 for k in ks[-50:])
+
+
+def test_hysteresis_keeps_k_stable_under_noise() -> None:
+    noisy_worlds = [Conditions(rtt_target=rtt, noise=0.3) for rtt in (0.002, 0.005, 0.01)]
+    with_hysteresis = without = 0
+    for seed, world in enumerate(noisy_worlds):
+        for hysteresis in (0.03, 0.0):
+            controller = AdaptiveKController(KControllerConfig(k_max=K_MAX, hysteresis=hysteresis))
+            services = SimulatedServices(seed)
+            play(controller, services, world, 50)  # settle
+            count = switches(play(controller, services, world, 200))
+            if hysteresis:
+                assert count <= 3, (world, count)
+                with_hysteresis += count
+            else:
+                without += count
+    assert without > 2 * with_hysteresis + 3  # the margin is what keeps it still
+
+
+def test_k_stays_within_the_cap_of_each_round() -> None:
+    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    services, world = SimulatedServices(5), Conditions(rtt_target=0.03)
+    play(controller, services, world, 50)
+    assert controller.choose(K_MAX) > 2
+    for cap in (2, 1, 0):
+        k = controller.choose(cap)
+        assert 0 <= k <= cap
+    assert controller.choose(K_MAX) > 2  # a cap near the end of output is not remembered
+
+
+# -- estimators -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("true_alpha", [0.3, 0.6, 0.85])
+def test_alpha_estimate_is_unbiased_under_geometric_acceptance(true_alpha: float) -> None:
+    config = KControllerConfig(k_max=K_MAX, acceptance_decay=1.0, prior_alpha_strength=1.0)
+    controller = AdaptiveKController(config)
+    services, world = SimulatedServices(6), Conditions(alpha=true_alpha)
+    accepted = drafted = trials = 0
+    for _ in range(2000):
+        k = 4  # fixed K: every round tests the same positions, as a benchmark at fixed K does
+        observation = services.round(k, world)
+        controller.observe(observation)
+        accepted += observation.num_accepted
+        drafted += k
+        trials += observation.num_accepted + (observation.num_accepted < k)
+    # alpha-hat = successes / Bernoulli trials; allow 4 standard errors
+    tolerance = 4 * math.sqrt(true_alpha * (1 - true_alpha) / trials)
+    assert controller.estimates()["alpha"] == pytest.approx(true_alpha, abs=tolerance)
+    # the naive accepted / drafted is biased low by more than that: this test can tell them apart
+    assert accepted / drafted < true_alpha - tolerance
+
+
+def test_timing_estimates_recover_the_cost_model() -> None:
+    world = Conditions(rtt_draft=0.004, rtt_target=0.007)
+    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    services = SimulatedServices(7)
+    schedule = [0] * 4 + list(range(1, K_MAX + 1))  # every K; K = 0 runs make the draft catch up
+    for i in range(240):
+        controller.observe(services.round(schedule[i % len(schedule)], world))
+    figures = controller.estimates()
+    assert figures["verify_a"] == pytest.approx(world.verify_a, rel=0.05)
+    assert figures["verify_b"] == pytest.approx(world.verify_b, rel=0.1)
+    assert figures["t_draft_per_token"] == pytest.approx(world.t_draft, rel=0.05)
+    assert figures["t_feed_per_token"] == pytest.approx(world.t_feed, rel=0.1)
+    assert figures["rtt_draft"] == pytest.approx(world.rtt_draft, rel=1e-6)
+    assert figures["rtt_target"] == pytest.approx(world.rtt_target, rel=1e-6)
+    expected_names = {"alpha", "predicted_tokens_per_second", "num_speculative_tokens"}
+    assert expected_names <= figures.keys()
+
+
+def test_verify_fit_is_defined_from_a_single_k() -> None:
+    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    world = Conditions()
+    controller.observe(SimulatedServices(8).round(4, world))
+    a, b = controller.estimates()["verify_a"], controller.estimates()["verify_b"]
+    assert a > 0 and b >= 0
+    assert a + 5 * b == pytest.approx(world.verify_a + 5 * world.verify_b, rel=0.05)
+
+
+def test_a_new_session_starts_from_the_pool_priors() -> None:
+    priors = ControllerPriors(weight=0.2)
+    config = KControllerConfig(k_max=K_MAX, initial_num_speculative_tokens=4)
+    world = slow_draft_hop()
+    play(AdaptiveKController(config, priors), SimulatedServices(9), world, 100)
+    assert priors.snapshot().rtt_draft == pytest.approx(world.rtt_draft, rel=0.05)
+    newcomer = AdaptiveKController(config, priors)
+    assert newcomer.choose(K_MAX) == 0  # not the configured initial K of 4
+    assert AdaptiveKController(config).choose(K_MAX) == 4  # without priors it is
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"k_max": 0},
+        {"initial_num_speculative_tokens": 9},
+        {"hysteresis": 1.0},
+        {"probe_num_speculative_tokens": 0},
+        {"probe_interval_max_rounds": 1},
+        {"prior_alpha": 1.0},
+        {"acceptance_decay": 0.0},
+        {"timing_weight": 1.5},
+    ],
+)
+def test_config_is_validated(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        KControllerConfig(**bad)  # type: ignore[arg-type]
+
+
+# -- the Hugging Face heuristic -------------------------------------------------------------------
+
+
+def observation(k: int, accepted: int) -> RoundObservation:
+    return RoundObservation(k, accepted, (1.0,) * accepted + (0.0,) * (k - accepted), 0, 0, k, 0, 0)
+
+
+def test_heuristic_k_adds_two_on_full_acceptance_and_drops_one_otherwise() -> None:
+    policy = HeuristicK(initial_num_speculative_tokens=3)
+    trace = []
+    for accepted_all in (True, True, False, False, False, False, False, True):
+        k = policy.choose(100)
+        policy.observe(observation(k, k if accepted_all else 0))
+        trace.append(k)
+    assert trace == [3, 5, 7, 6, 5, 4, 3, 2]
+    assert policy.choose(100) == 4  # 2, then +2 after the last full acceptance
+    for _ in range(10):
+        policy.observe(observation(policy.choose(100), 0))
+    assert policy.choose(100) == 1  # floor
+    assert policy.choose(0) == 0  # the round's cap still applies
