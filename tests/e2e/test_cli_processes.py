@@ -1,0 +1,101 @@
+"""End to end: the three services as separate processes started through the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from specdec_cli.processes import specdec_command, start_service
+from stack import generate
+from specdec.v1 import orchestrator_pb2 as pb
+
+MAX_NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def services(tiny_pair):
+    started = []
+    try:
+        for role, model in (("target", tiny_pair.target_dir), ("draft", tiny_pair.draft_dir)):
+            started.append(start_service(role, ["--model", str(model), "--dtype", "float64", "--port", "0",
+                                                "--health-port", "0"], timeout=300))
+        target, draft = started
+        started.append(start_service("orchestrator", ["--target", target.address, "--draft", draft.address,
+                                                      "--port", "0", "--num-speculative-tokens", "3"], timeout=300))
+        yield {s.role: s for s in started}
+    finally:
+        for service in reversed(started):
+            assert service.stop() == 0, service.output()
+
+
+def _reference(model, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        output = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return output[0, len(prompt):].tolist()
+
+
+def test_generate_command_prints_json(services, reference_target):
+    result = subprocess.run(
+        specdec_command("generate", "--orchestrator", services["orchestrator"].address,
+                        "--prompt-ids", "5,9,13,2,8", "--max-new-tokens", str(MAX_NEW_TOKENS), "--json"),
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    output = json.loads(result.stdout)
+    assert output["token_ids"] == _reference(reference_target, [5, 9, 13, 2, 8])
+    assert output["stats"]["generated_tokens"] == len(output["token_ids"])
+    assert output["stats"]["rounds"] >= 1
+    assert set(output) == {"token_ids", "text", "finish_reason", "stats"}
+
+
+def test_eight_concurrent_streams_are_each_correct(services, reference_target):
+    prompts = [[3 + i, 10 + i, 20 + (i * 3) % 25, 7] for i in range(8)]
+    requests = [pb.GenerateRequest(prompt_token_ids=p, max_new_tokens=MAX_NEW_TOKENS) for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda r: generate(services["orchestrator"].address, r), requests))
+    for prompt, (tokens, _, last) in zip(prompts, results):
+        assert tokens == _reference(reference_target, prompt)
+        assert last.stats.drafted_tokens > 0
+
+
+def test_text_prompt_and_chat_stream_text(services):
+    tokens, text, last = generate(services["orchestrator"].address,
+                                  pb.GenerateRequest(prompt="hello world", max_new_tokens=MAX_NEW_TOKENS))
+    assert tokens and last.stats.generated_tokens == len(tokens)
+    chat = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="hi there")], max_new_tokens=5)
+    tokens, _, last = generate(services["orchestrator"].address, chat)
+    assert last.stats.prompt_tokens == len("u:hi there\na:")
+
+
+def test_up_starts_three_processes_and_stops_them_on_ctrl_c(tiny_pair):
+    process = subprocess.Popen(
+        specdec_command("up", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+                        "--dtype", "float64", "--port", "0"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    address = None
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            match = re.search(r"orchestrator at (\S+)", line)
+            if match:
+                address = match.group(1)
+                break
+        assert address, "".join(lines)
+        tokens, _, _ = generate(address, pb.GenerateRequest(prompt_token_ids=[4, 5, 6], max_new_tokens=8))
+        assert len(tokens) >= 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        remaining, _ = process.communicate(timeout=120)
+    output = "".join(lines) + remaining
+    assert process.returncode == 0, output
+    assert "stopping" in output
+    children = subprocess.run(["pgrep", "-f", f"--model {tiny_pair.target_dir}"], capture_output=True, text=True)
+    assert children.stdout.strip() == "", "a service outlived `specdec up`"
