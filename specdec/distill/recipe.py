@@ -1,0 +1,131 @@
+"""The whole distillation recipe: prompts → target answers → trained draft → held-out report."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.distill.config import DistillConfig
+from specdec.distill.data import (
+    Example,
+    encode_prompt,
+    generate_examples,
+    load_examples,
+    save_examples,
+)
+from specdec.distill.evaluate import HeldOutReport, cost_ratio, evaluate_held_out
+from specdec.distill.prompts import build_prompts
+from specdec.distill.train import init_draft_from_target, kept_ids_from_examples, train_draft
+from specdec.draft_model import save_draft
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    out_dir: Path
+    held_out: HeldOutReport
+    report: dict  # everything, as stored in specdec_draft.json under "training"
+
+
+def resolve_target(target: str) -> Path:
+    if target == "default":
+        from specdec.default_model import resolve_default_target
+
+        return resolve_default_target()
+    path = Path(target)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--target {target}: not a Hugging Face model directory")
+    return path
+
+
+def _log(config: DistillConfig, message: str) -> None:
+    if config.progress:
+        print(f"[distill] {message}", flush=True)
+
+
+def prepare_examples(config: DistillConfig, target, tokenizer) -> list[Example]:
+    """Build and tokenise prompts, then let the target answer them (or load cached answers)."""
+    if config.data_path is not None and Path(config.data_path).is_file():
+        examples = load_examples(config.data_path)
+        _log(config, f"loaded {len(examples)} cached answers from {config.data_path}")
+        return examples[:config.num_prompts]
+    conversations = build_prompts(config.num_prompts * 2, seed=config.seed)
+    prompts = [ids for ids in (encode_prompt(tokenizer, c) for c in conversations)
+               if len(ids) <= config.max_prompt_tokens][:config.num_prompts]
+    _log(config, f"{len(prompts)} prompts; the target answers them (greedy, "
+                 f"≤{config.max_new_tokens} new tokens, batches of {config.generation_batch_size})")
+    examples = generate_examples(target, tokenizer, prompts, config.max_new_tokens,
+                                 config.generation_batch_size, config.soft_label_top_k,
+                                 progress=config.progress)
+    examples = [e for e in examples if e.answer_ids]
+    if config.data_path is not None:
+        save_examples(examples, config.data_path)
+    return examples
+
+
+def split_examples(examples: list[Example], holdout_fraction: float, seed: int,
+                   ) -> tuple[list[Example], list[Example]]:
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    num_held_out = max(1, round(len(examples) * holdout_fraction))
+    held = [examples[i] for i in order[:num_held_out]]
+    train = [examples[i] for i in order[num_held_out:]]
+    if not train:
+        raise ValueError("no training examples left after the held-out split")
+    return train, held
+
+
+def run_distill(config: DistillConfig) -> DistillResult:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    started = time.monotonic()
+    target_dir = resolve_target(config.target)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    target = target.to(config.device).eval()
+
+    generation_started = time.monotonic()
+    examples = prepare_examples(config, target, tokenizer)
+    generation_seconds = time.monotonic() - generation_started
+    train, held = split_examples(examples, config.holdout_fraction, config.seed)
+    eos = target.generation_config.eos_token_id
+    extra = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    kept_ids = kept_ids_from_examples(train, extra)
+    _log(config, f"{len(train)} training answers ({sum(len(e.answer_ids) for e in train)} "
+                 f"tokens), {len(held)} held out; head over {kept_ids.numel()} token ids")
+
+    draft = init_draft_from_target(target, config.num_layers, kept_ids).to(config.device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else extra[0]
+    training = train_draft(draft, train, config, pad_id)
+    draft = draft.cpu()
+    target = target.cpu()
+    held_out = evaluate_held_out(draft, held, config.eval_num_speculative_tokens)
+    train_sample = evaluate_held_out(draft, train[:len(held)], config.eval_num_speculative_tokens)
+    cost = cost_ratio(draft, target)
+    report = {
+        "recipe": "specdec.distill",
+        "config": config.to_json(),
+        "num_train_answers": len(train),
+        "num_train_tokens": sum(len(e.answer_ids) for e in train),
+        "num_held_out_answers": len(held),
+        "num_kept_token_ids": int(kept_ids.numel()),
+        "generation_seconds": round(generation_seconds, 1),
+        **training,
+        "held_out": held_out.to_json(),
+        "train_sample": train_sample.to_json(),
+        "cost": cost,
+        "total_seconds": round(time.monotonic() - started, 1),
+    }
+    reference = "default" if config.target == "default" else str(Path(target_dir).resolve())
+    save_draft(draft, config.out_dir, target=reference, training=report)
+    _log(config, "held-out: " + json.dumps(held_out.to_json()))
+    _log(config, "cost: " + json.dumps(cost))
+    _log(config, f"draft written to {config.out_dir} in {report['total_seconds']} s")
+    return DistillResult(Path(config.out_dir), held_out, report)
