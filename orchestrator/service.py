@@ -6,12 +6,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from orchestrator.discovery import make_source
 from orchestrator.generation import Chunk, Generation, GenerationLimits, GenerationRequest
+from orchestrator.k_controller import AdaptiveKController, HeuristicK, KControllerConfig
+from orchestrator.k_estimates import ControllerPriors
 from orchestrator.k_policy import FixedK, KPolicy
 from orchestrator.pool import PoolConfig, ReplicaPool
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
@@ -21,8 +23,8 @@ from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-SpeculationMode = Literal["off", "fixed", "adaptive"]
-SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive")
+SpeculationMode = Literal["off", "fixed", "adaptive", "heuristic"]
+SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive", "heuristic")
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,10 @@ class OrchestratorConfig:
     draft: str  # replica source of the draft pool (host:port[,host:port])
     target: str  # replica source of the target pool
     tokenizer: Path | None = None  # else fetched from a target replica
-    speculation: SpeculationMode = "fixed"  # the default when a request leaves it unspecified
-    num_speculative_tokens: int = 4  # fixed K, and the cap of adaptive K
+    speculation: SpeculationMode = "adaptive"  # the default when a request leaves it unspecified
+    num_speculative_tokens: int = 4  # fixed K; the starting K of the heuristic
+    max_num_speculative_tokens: int = 16  # the cap of adaptive K (also bounded by the servers)
+    controller: KControllerConfig = field(default_factory=KControllerConfig)
     default_max_new_tokens: int = 256
     startup_timeout_seconds: float = 600.0  # waiting for the pools to answer at start
     pool: PoolConfig = field(default_factory=PoolConfig)
@@ -41,6 +45,8 @@ class OrchestratorConfig:
             raise ValueError(f"speculation must be one of {SPECULATION_MODES}, got {self.speculation!r}")
         if not 0 <= self.num_speculative_tokens <= 256:
             raise ValueError("num_speculative_tokens must be in [0, 256]")
+        if not 1 <= self.max_num_speculative_tokens <= 256:
+            raise ValueError("max_num_speculative_tokens must be in [1, 256]")
         if self.default_max_new_tokens < 1:
             raise ValueError("default_max_new_tokens must be >= 1")
 
@@ -61,6 +67,8 @@ class OrchestratorService:
         self.target_pool = ReplicaPool("target", make_source(config.target), config.pool, self._check)
         self.draft_pool = ReplicaPool("draft", make_source(config.draft), config.pool, self._check)
         self.tokenizer = None
+        # Pool-wide estimates that seed each new session's controller.
+        self.controller_priors = ControllerPriors()
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -170,21 +178,28 @@ class OrchestratorService:
         return tuple(int(t) for t in ids)
 
     def policy(self, mode: SpeculationMode | None, num_speculative_tokens: int | None) -> KPolicy:
+        """The K policy of one request. num_speculative_tokens: fixed K, the heuristic's start, or
+        the adaptive controller's cap (unset: the server's defaults)."""
         mode = mode or self.config.speculation
-        k = self.config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-        if not 0 <= k <= 256:
-            raise OutOfRange(f"num_speculative_tokens must be in [0, 256], got {k}")
+        limit = self.limits().max_num_speculative_tokens
+        if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= limit:
+            raise OutOfRange(
+                f"num_speculative_tokens must be in [0, {limit}] (the servers' maximum), "
+                f"got {num_speculative_tokens}"
+            )
         if mode == "off":
             return FixedK(0)
         if mode == "fixed":
-            limit = self.limits().max_num_speculative_tokens
-            if k > limit:
-                raise OutOfRange(f"num_speculative_tokens {k} is above the servers' maximum {limit}")
-            return FixedK(k)
-        return self._adaptive_policy(k)
-
-    def _adaptive_policy(self, k_max: int) -> KPolicy:
-        raise InvalidInput("adaptive speculation is not available yet: use fixed or off")
+            k = self.config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+            return FixedK(min(k, limit))
+        if mode == "heuristic":
+            k = self.config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+            return HeuristicK(initial_num_speculative_tokens=max(1, min(k, limit)), k_max=limit)
+        k_max = self.config.max_num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        controller = replace(self.config.controller, k_max=min(k_max, limit))
+        controller = replace(controller, initial_num_speculative_tokens=min(
+            controller.initial_num_speculative_tokens, controller.k_max))
+        return AdaptiveKController(controller, priors=self.controller_priors)
 
     def generate(
         self,

@@ -19,6 +19,7 @@ MODE_OF = {
     pb.SPECULATION_MODE_OFF: "off",
     pb.SPECULATION_MODE_FIXED: "fixed",
     pb.SPECULATION_MODE_ADAPTIVE: "adaptive",
+    pb.SPECULATION_MODE_HEURISTIC: "heuristic",
 }
 FINISH_OF = {
     "length": pb.FINISH_REASON_LENGTH,

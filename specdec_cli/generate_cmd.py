@@ -14,7 +14,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
 MODES = {"off": pb.SPECULATION_MODE_OFF, "fixed": pb.SPECULATION_MODE_FIXED,
-         "adaptive": pb.SPECULATION_MODE_ADAPTIVE}
+         "adaptive": pb.SPECULATION_MODE_ADAPTIVE, "heuristic": pb.SPECULATION_MODE_HEURISTIC}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--speculation", choices=sorted(MODES), default=None,
-                        help="off, fixed or adaptive (default: the server's)")
+                        help="off, fixed, adaptive or heuristic (default: the server's)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with token_ids, text, finish_reason and stats")

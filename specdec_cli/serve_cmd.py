@@ -79,10 +79,13 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--speculation", default="fixed", choices=["off", "fixed", "adaptive"],
-                        help="default speculation mode for requests that do not set one")
+    parser.add_argument("--speculation", default="adaptive",
+                        choices=["off", "fixed", "adaptive", "heuristic"],
+                        help="default speculation mode for requests that do not set one (default adaptive)")
     parser.add_argument("--num-speculative-tokens", type=int, default=4,
-                        help="K for fixed mode, the cap for adaptive mode (default 4)")
+                        help="K of fixed mode and the heuristic's starting K (default 4)")
+    parser.add_argument("--max-num-speculative-tokens", type=int, default=16,
+                        help="the cap of adaptive K (default 16; the servers' limit also applies)")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -140,6 +143,7 @@ def orchestrator_config(args: argparse.Namespace):
         tokenizer=args.tokenizer,
         speculation=args.speculation,
         num_speculative_tokens=args.num_speculative_tokens,
+        max_num_speculative_tokens=args.max_num_speculative_tokens,
         default_max_new_tokens=args.default_max_new_tokens,
         startup_timeout_seconds=args.startup_timeout,
         pool=PoolConfig(tls=tls, max_message_bytes=args.max_message_bytes),

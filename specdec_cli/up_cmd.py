@@ -21,8 +21,9 @@ class StackConfig:
     dtype: str = "auto"
     host: str = "127.0.0.1"
     port: int = 50050  # the orchestrator's; the model services take free ports
-    speculation: str = "fixed"
+    speculation: str = "adaptive"
     num_speculative_tokens: int = 4
+    max_num_speculative_tokens: int = 16
     echo: bool = True
 
 
@@ -44,7 +45,8 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
 
 def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
     return StackConfig(args.target, args.draft, args.device, args.dtype, args.host, args.port,
-                       args.speculation, args.num_speculative_tokens, echo)
+                       args.speculation, args.num_speculative_tokens,
+                       args.max_num_speculative_tokens, echo)
 
 
 @contextmanager
@@ -74,6 +76,7 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
             "--host", config.host, "--port", str(config.port),
             "--speculation", config.speculation,
             "--num-speculative-tokens", str(config.num_speculative_tokens),
+            "--max-num-speculative-tokens", str(config.max_num_speculative_tokens),
         ], echo=config.echo)
         stack.callback(orchestrator.stop)
         started["orchestrator"] = orchestrator

@@ -14,6 +14,7 @@ class SpeculationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPECULATION_MODE_OFF: _ClassVar[SpeculationMode]
     SPECULATION_MODE_FIXED: _ClassVar[SpeculationMode]
     SPECULATION_MODE_ADAPTIVE: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_HEURISTIC: _ClassVar[SpeculationMode]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ SPECULATION_MODE_UNSPECIFIED: SpeculationMode
 SPECULATION_MODE_OFF: SpeculationMode
 SPECULATION_MODE_FIXED: SpeculationMode
 SPECULATION_MODE_ADAPTIVE: SpeculationMode
+SPECULATION_MODE_HEURISTIC: SpeculationMode
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_EOS: FinishReason

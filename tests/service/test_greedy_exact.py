@@ -83,3 +83,16 @@ def test_stats_are_consistent(stack, references):
     assert stats.mean_accepted_length == pytest.approx((stats.accepted_tokens + stats.rounds) / stats.rounds)
     assert stats.tokens_per_second > 0 and stats.verify_seconds > 0 and stats.draft_seconds > 0
     assert last.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
+
+
+@pytest.mark.parametrize("mode", [pb.SPECULATION_MODE_ADAPTIVE, pb.SPECULATION_MODE_HEURISTIC,
+                                  pb.SPECULATION_MODE_UNSPECIFIED])
+def test_adaptive_and_heuristic_k_keep_output_identical(stack, references, mode):
+    for prompt, expected in list(references.items())[:8]:
+        request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS,
+                                     speculation=pb.SpeculationConfig(mode=mode))
+        tokens, _, last = generate(stack.address, request)
+        assert tokens == expected, f"prompt {prompt}"
+        assert last.stats.rounds == len(last.stats.num_speculative_tokens_per_round)
+        if mode != pb.SPECULATION_MODE_HEURISTIC:
+            assert "alpha" in last.stats.controller_estimates  # the adaptive controller ran
