@@ -108,4 +108,5 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         target_replica=stats.target_replica,
         draft_replica=stats.draft_replica,
         controller_estimates=stats.controller_estimates,
+        num_accepted_per_round=stats.num_accepted_per_round,
     )

@@ -16,6 +16,7 @@ class GenerationStats:
     accepted_tokens: int = 0
     committed_in_rounds: int = 0  # tokens committed by Verify rounds (the prefill's token excluded)
     num_speculative_tokens_per_round: list[int] = field(default_factory=list)
+    num_accepted_per_round: list[int] = field(default_factory=list)
     wall_seconds: float = 0.0
     time_to_first_token_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -38,6 +39,7 @@ class GenerationStats:
     def add_round(self, num_draft: int, num_accepted: int, committed: int) -> None:
         self.rounds += 1
         self.num_speculative_tokens_per_round.append(num_draft)
+        self.num_accepted_per_round.append(num_accepted)
         self.drafted_tokens += num_draft
         self.accepted_tokens += num_accepted
         self.committed_in_rounds += committed
@@ -46,6 +48,11 @@ class GenerationStats:
     def mean_accepted_length(self) -> float:
         """tau: committed tokens per round."""
         return self.committed_in_rounds / self.rounds if self.rounds else 0.0
+
+    @property
+    def rejections(self) -> int:
+        """Rounds that ended in a rejection (n < K)."""
+        return sum(n < k for k, n in zip(self.num_speculative_tokens_per_round, self.num_accepted_per_round))
 
     @property
     def acceptance_rate(self) -> float:
