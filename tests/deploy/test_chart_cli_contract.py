@@ -41,8 +41,21 @@ def _parse_or_fail(parser, args: list[str], what: str) -> None:
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 @pytest.mark.parametrize(
-    "extra", [[], ["--set", "auth.existingSecret=token", "--set", "discovery=dns"]],
-    ids=["plain", "auth-dns"],
+    "extra",
+    [
+        pytest.param([], id="plain"),
+        pytest.param(["--set", "discovery=dns"], id="dns"),
+        # Strict: once the orchestrator gains the flag this passes, fails as XPASS, and the mark
+        # must go.
+        pytest.param(
+            ["--set", "auth.existingSecret=token"], id="auth",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="`specdec serve orchestrator` has no --auth-token-file yet (the chart "
+                       "passes it when auth.existingSecret is set)",
+            ),
+        ),
+    ],
 )
 def test_rendered_args_parse_with_the_real_cli(helm, cli_parser, value_set, extra):
     rendered = render(helm, *VALUE_SETS[value_set], *extra)
