@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from specdec.metrics import start_metrics_server
 from specdec.models import LoadedModel, ModelConfig, load_model
 from specdec.rpc.server import RunningServer, ServerConfig, serve_model_until_signal
 from specdec.serving import ServiceConfig
@@ -31,10 +32,15 @@ async def start(
 
 async def serve(
     model_config: ModelConfig, service_config: ServiceConfig, server_config: ServerConfig,
+    metrics_port: int | None = None,
     draft_config: DraftConfig = DraftConfig(),
 ) -> None:
     async def start_loaded(loaded: LoadedModel, running: RunningServer) -> DraftService:
-        return (await start(loaded, service_config, server_config, running, draft_config))[1]
+        service = (await start(loaded, service_config, server_config, running, draft_config))[1]
+        if metrics_port is not None:
+            port = start_metrics_server(metrics_port, server_config.host, service.info)
+            log.info("metrics on http://%s:%d/metrics", server_config.host, port)
+        return service
 
     await serve_model_until_signal(
         "draft", SERVICE_NAME, server_config, lambda: load_model(model_config), start_loaded

@@ -74,7 +74,8 @@ class SessionStore(Generic[State]):
         return len(self._sessions)
 
     def cached_tokens(self) -> int:
-        return sum(self._size_of(s.state) for s in self._sessions.values())
+        # list(): the metrics thread reads this while the event loop may add sessions
+        return sum(self._size_of(s.state) for s in list(self._sessions.values()))
 
     @contextmanager
     def admission(self, session_id: str, new_tokens: int) -> Iterator[None]:

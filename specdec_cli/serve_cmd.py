@@ -62,6 +62,8 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="longest sequence per session; 0: the model's own limit")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="forward passes waiting before RESOURCE_EXHAUSTED (default 64)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics (specdec_active_sessions, ...) on this HTTP port")
     if role == "draft":
         parser.add_argument("--top-m", type=int, default=MAX_DRAFT_TOP_M,
                             help=f"entries of each draft distribution sent when sampling (<= {MAX_DRAFT_TOP_M})")
@@ -116,12 +118,13 @@ def run_model_service(args: argparse.Namespace) -> int:
     if args.role == "target":
         from target_service.server import serve
 
-        asyncio.run(serve(model, service, server_config(args)))
+        asyncio.run(serve(model, service, server_config(args), args.metrics_port))
     else:
         from draft_service.server import serve
         from draft_service.service import DraftConfig
 
-        asyncio.run(serve(model, service, server_config(args), DraftConfig(top_m=args.top_m)))
+        asyncio.run(serve(model, service, server_config(args), args.metrics_port,
+                          DraftConfig(top_m=args.top_m)))
     return 0
 
 

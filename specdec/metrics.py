@@ -1,0 +1,40 @@
+"""Prometheus metrics of a model service, for the HPA's per-replica session target (through a
+metrics adapter) and for dashboards. Served over HTTP on --metrics-port; read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from specdec.serving import ServiceInfo
+
+
+class ServiceCollector:
+    """Reads Info at scrape time, so the figures are never stale."""
+
+    def __init__(self, info: Callable[[], ServiceInfo]) -> None:
+        self._info = info
+
+    def collect(self):
+        info = self._info()
+        labels = ["role", "replica_id"]
+        values = [info.role, info.replica_id]
+        for name, help_text, value in (
+            ("specdec_active_sessions", "Live sessions (KV caches) on this replica", info.live_sessions),
+            ("specdec_cached_tokens", "Tokens held in KV caches", info.cached_tokens),
+            ("specdec_load", "Forward passes queued or running over the queue capacity", info.load),
+            ("specdec_max_sessions", "Session budget of this replica", info.max_sessions),
+        ):
+            gauge = GaugeMetricFamily(name, help_text, labels=labels)
+            gauge.add_metric(values, float(value))
+            yield gauge
+
+
+def start_metrics_server(port: int, host: str, info: Callable[[], ServiceInfo]) -> int:
+    """Starts the /metrics HTTP endpoint in a daemon thread; returns the bound port."""
+    registry = CollectorRegistry()
+    registry.register(ServiceCollector(info))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server.server_port
