@@ -18,7 +18,10 @@ class ServiceCollector:
         self._info = info
 
     def collect(self):
-        info = self._info()
+        try:
+            info = self._info()
+        except Exception:  # draining or shutting down: report nothing rather than fail the scrape
+            return
         labels = ["role", "replica_id"]
         values = [info.role, info.replica_id]
         for name, help_text, value in (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,6 +42,10 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
 
 
 def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    if not inspect.isasyncgenfunction(behavior):
+        # A coroutine that streams with context.write() (e.g. grpc's aio Health.Watch).
+        return _wrap_unary(behavior)
+
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             async for response in behavior(request, context):
