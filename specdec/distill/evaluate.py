@@ -53,10 +53,11 @@ def committed_per_round(matches: list[bool], num_speculative_tokens: int) -> tup
 @torch.inference_mode()
 def draft_matches(draft, example: Example) -> list[bool]:
     """Per answer position: draft argmax (teacher-forced) == target's greedy token."""
-    sequence = torch.tensor([example.prompt_ids + example.answer_ids[:-1]])
+    device = next(draft.parameters()).device
+    sequence = torch.tensor([example.prompt_ids + example.answer_ids[:-1]], device=device)
     logits = draft(input_ids=sequence, use_cache=False).logits[0]  # (T, V)
     start = len(example.prompt_ids) - 1
-    predicted = logits[start:start + len(example.answer_ids)].argmax(-1)
+    predicted = logits[start:start + len(example.answer_ids)].argmax(-1).cpu()
     return (predicted == torch.tensor(example.answer_ids)).tolist()
 
 

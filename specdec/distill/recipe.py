@@ -43,8 +43,8 @@ def resolve_target(target: str) -> Path:
 
 
 def _log(config: DistillConfig, message: str) -> None:
-    if config.progress:
-        print(f"[distill] {message}", flush=True)
+    del config  # reports print even with progress bars off
+    print(f"[distill] {message}", flush=True)
 
 
 def prepare_examples(config: DistillConfig, target, tokenizer) -> list[Example]:
@@ -104,10 +104,11 @@ def run_distill(config: DistillConfig) -> DistillResult:
     draft = init_draft_from_target(target, config.num_layers, kept_ids).to(config.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else extra[0]
     training = train_draft(draft, train, config, pad_id)
-    draft = draft.cpu()
-    target = target.cpu()
     held_out = evaluate_held_out(draft, held, config.eval_num_speculative_tokens)
     train_sample = evaluate_held_out(draft, train[:len(held)], config.eval_num_speculative_tokens)
+    # c is measured on the CPU (the machine this recipe targets), whatever device trained.
+    draft = draft.cpu()
+    target = target.cpu()
     cost = cost_ratio(draft, target)
     report = {
         "recipe": "specdec.distill",

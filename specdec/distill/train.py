@@ -53,6 +53,9 @@ class Batch:
     soft_ids: torch.Tensor  # (N, k) index into the kept ids, -1 where the id is not kept
     soft_logits: torch.Tensor  # (N, k) float32 target logits
 
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 def make_batch(examples: list[Example], vocab_to_kept: torch.Tensor, pad_id: int) -> Batch:
     """vocab_to_kept: (V,) long, index into the kept ids or -1."""
@@ -102,6 +105,7 @@ def train_draft(draft, train: list[Example], config: DistillConfig, pad_id: int)
     vocab_to_kept = torch.full((draft.config.vocab_size,), -1, dtype=torch.long)
     kept = draft.lm_head.kept_token_ids
     vocab_to_kept[kept] = torch.arange(kept.numel())
+    device = next(draft.parameters()).device
     parameters = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate,
                                   weight_decay=config.weight_decay)
@@ -124,7 +128,7 @@ def train_draft(draft, train: list[Example], config: DistillConfig, pad_id: int)
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = make_batch(rng.sample(train, min(config.batch_size, len(train))), vocab_to_kept,
-                           pad_id)
+                           pad_id).to(device)
         loss = distill_loss(restricted_logits(draft, batch), batch, config.soft_label_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
