@@ -70,10 +70,24 @@ class ProposeResult:
     timing: CallTiming
 
 
+# A replica that comes back on the same address (a restart, a rescheduled pod with a stable name)
+# is found within about this long; grpc's default backoff grows to two minutes.
+MAX_RECONNECT_BACKOFF_MS = 2000
+
+
 def open_channel(address: str, tls: TlsConfig | None, max_message_bytes: int) -> grpc.aio.Channel:
-    options = channel_options(max_message_bytes)
+    """A channel to one replica: message limits, quick reconnects, and with tls mutual TLS (the
+    orchestrator presents tls.cert_file and checks the replica's certificate against tls.ca_file)."""
+    options: list[tuple[str, int | str]] = [
+        *channel_options(max_message_bytes),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    ]
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
 
 

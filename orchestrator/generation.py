@@ -36,6 +36,18 @@ LOST_SESSION = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED)
 LOST_REPLICA = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 MAX_TARGET_RECOVERIES = 8  # per round, before the request fails with UNAVAILABLE
+# The replica refused the new session, and holds none of it: try another.
+REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED,)
+
+# Releases still running after their Generate ended; kept here so they are not garbage-collected
+# mid-flight, and so that a stopping orchestrator can wait for them (wait_for_releases).
+_RELEASES: set[asyncio.Task[None]] = set()
+
+
+async def wait_for_releases(timeout_seconds: float) -> None:
+    """Lets the releases of finished or cancelled requests reach the replicas (on shutdown)."""
+    if _RELEASES:
+        await asyncio.wait(set(_RELEASES), timeout=timeout_seconds)
 
 
 @dataclass(frozen=True)
@@ -101,8 +113,11 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids))
         self.target: Placement | None = None
         self.draft: Placement | None = None
+        # Every replica that may hold a cache of this session, by (role, address): one is added
+        # before its Prefill is sent, since a cancelled Prefill may still have made the session.
+        # All of them get a Release when the request ends, however it ends.
+        self._holders: dict[tuple[str, str], Replica] = {}
         self._rounds_without_draft = 0
-        self._background: set[asyncio.Future[None]] = set()
         if len(self.committed) >= limits.max_context:
             raise OutOfRange(
                 f"the prompt has {len(self.committed)} tokens; the max context is {limits.max_context}"
@@ -121,7 +136,9 @@ class Generation:
             self.stats.controller_estimates = dict(self.policy.estimates())
             yield Chunk(chunk.token_ids, chunk.text + self.text.flush(), chunk.finish_reason, self.stats)
         finally:
-            await asyncio.shield(self._release_all())
+            # Not awaited: a cancelled request must not wait (or be cancelled again) here, and a
+            # finished stream ends for its client without waiting for a slow replica's Release.
+            self._release_all()
 
     # -- prefill --------------------------------------------------------------------------------
 
@@ -143,14 +160,14 @@ class Generation:
         while (replica := self.target_pool.pick(frozenset(tried))) is not None:
             tried.add(replica.address)
             client: TargetClient = replica.client  # type: ignore[assignment]
+            self._holders[("target", replica.address)] = replica
             try:
                 result = await client.prefill(self.session_id, list(self.committed), self.request.sampling, resume)
             except grpc.aio.AioRpcError as error:
                 last_error = f"{replica.address}: {error.code().name}: {error.details()}"
                 if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
                     raise InvalidInput(f"the target refused the prompt: {error.details()}") from error
-                if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    self.target_pool.mark_failed(replica)
+                self._refused_or_failed("target", replica, error)
                 continue
             self._move_target(Placement(replica, result.handle))
             self.stats.add_target_call(result.timing)
@@ -159,39 +176,56 @@ class Generation:
             raise Overloaded(f"every target replica is at its session budget ({last_error})")
         raise Unavailable(f"no target replica could take the session ({last_error})")
 
+    def _refused_or_failed(self, role: str, replica: Replica, error: grpc.aio.AioRpcError) -> None:
+        """A Prefill on replica failed: a refusal (it holds nothing) or a failure (no new sessions
+        go there until a probe answers). Either way the caller tries another replica."""
+        pool = self.target_pool if role == "target" else self.draft_pool
+        if error.code() in REFUSED:
+            self._holders.pop((role, replica.address), None)
+            log.info("%s replica %s refused session %s (%s: %s): trying another replica", role,
+                     replica.address, self.session_id, error.code().name, error.details())
+        else:
+            log.warning("%s prefill on %s failed (%s): trying another replica", role,
+                        replica.address, error.code().name)
+            if error.code() in LOST_REPLICA:
+                pool.mark_failed(replica)
+
     def _move_target(self, placement: Placement) -> None:
         if self.target is not None:
             self.target.replica.active_sessions -= 1
             old = self.target.replica
             if old is not placement.replica:
-                self._in_background(self._release(old, "target"))
+                self._release_in_background(old, "target")
         placement.replica.active_sessions += 1
         self.target = placement
         self.stats.target_replica = placement.replica.replica_id
 
     async def _attach_draft(self) -> None:
-        """Prefills a draft replica with C; on any failure the session goes on without one."""
+        """Prefills a draft replica with C (another one on overload or failure); if none takes
+        the session, it goes on at K = 0 and tries again later."""
         self._rounds_without_draft = 0
-        replica = self.draft_pool.pick()
-        if replica is None:
+        tried: set[str] = set()
+        while (replica := self.draft_pool.pick(frozenset(tried))) is not None:
+            tried.add(replica.address)
+            client: DraftClient = replica.client  # type: ignore[assignment]
+            self._holders[("draft", replica.address)] = replica
+            try:
+                result = await client.prefill(self.session_id, list(self.committed), self.request.sampling)
+            except grpc.aio.AioRpcError as error:
+                self._refused_or_failed("draft", replica, error)
+                if error.code() in REFUSED + LOST_REPLICA:
+                    continue
+                return
+            replica.active_sessions += 1
+            self.draft = Placement(replica, result.handle)
+            self.stats.add_draft_call(result.timing)
+            self.stats.draft_replica = replica.replica_id
             return
-        client: DraftClient = replica.client  # type: ignore[assignment]
-        try:
-            result = await client.prefill(self.session_id, list(self.committed), self.request.sampling)
-        except grpc.aio.AioRpcError as error:
-            log.warning("draft prefill on %s failed: %s", replica.address, error.code().name)
-            if error.code() in LOST_REPLICA:
-                self.draft_pool.mark_failed(replica)
-            return
-        replica.active_sessions += 1
-        self.draft = Placement(replica, result.handle)
-        self.stats.add_draft_call(result.timing)
-        self.stats.draft_replica = replica.replica_id
 
     def _drop_draft(self) -> None:
         if self.draft is not None:
             self.draft.replica.active_sessions -= 1
-            self._in_background(self._release(self.draft.replica, "draft"))
+            self._release_in_background(self.draft.replica, "draft")
             self.draft = None
 
     # -- rounds ---------------------------------------------------------------------------------
@@ -229,13 +263,19 @@ class Generation:
                 result = await client.propose(placement.handle, new, num_draft)
             except grpc.aio.AioRpcError as error:
                 log.warning("propose on %s failed: %s", placement.replica.address, error.code().name)
+                if error.code() in LOST_SESSION:
+                    # Gone or out of step there. No Release: it could overtake the Prefill that
+                    # rebuilds the session from C on the same replica (and replaces it there).
+                    placement.replica.active_sessions -= 1
+                    self.draft = None
+                    if attempt == 0:
+                        await self._attach_draft()  # then try once more
+                        if self.draft is not None:
+                            continue
+                    return None
                 if error.code() in LOST_REPLICA:
                     self.draft_pool.mark_failed(placement.replica)
                 self._drop_draft()
-                if error.code() in LOST_SESSION and attempt == 0:
-                    await self._attach_draft()  # rebuild from C, then try once more
-                    if self.draft is not None:
-                        continue
                 return None
             placement.handle = result.handle
             self.stats.add_draft_call(result.timing)
@@ -252,7 +292,7 @@ class Generation:
             except grpc.aio.AioRpcError as error:
                 code = error.code()
                 if code not in LOST_SESSION + LOST_REPLICA:
-                    raise
+                    raise _client_error(placement.replica, error) from error
                 log.warning("verify on %s failed (%s): re-prefilling from %d committed tokens",
                             placement.replica.address, code.name, len(self.committed))
                 exclude: frozenset[str] = frozenset()
@@ -301,10 +341,13 @@ class Generation:
             finish = "context"
         return Chunk(tuple(kept), text, finish)
 
-    def _in_background(self, coroutine) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _release_in_background(self, replica: Replica, role: str) -> None:
+        """Releases the session on replica without waiting (a stalled replica gets the call's
+        deadline; its TTL is the backstop)."""
+        self._holders.pop((role, replica.address), None)
+        task = asyncio.get_running_loop().create_task(self._release(replica, role))
+        _RELEASES.add(task)
+        task.add_done_callback(_RELEASES.discard)
 
     async def _release(self, replica: Replica, role: str) -> None:
         try:
@@ -313,17 +356,22 @@ class Generation:
             log.info("release of %s on %s %s failed: %s", self.session_id, role, replica.address,
                      error.code().name)
 
-    async def _release_all(self) -> None:
-        tasks = []
-        if self.target is not None:
-            self.target.replica.active_sessions -= 1
-            tasks.append(self._release(self.target.replica, "target"))
-            self.target = None
-        if self.draft is not None:
-            self.draft.replica.active_sessions -= 1
-            tasks.append(self._release(self.draft.replica, "draft"))
-            self.draft = None
-        await asyncio.gather(*tasks, *self._background)
+    def _release_all(self) -> None:
+        """Releases the session on both sides at once, and on any replica a Prefill reached."""
+        for placement in (self.target, self.draft):
+            if placement is not None:
+                placement.replica.active_sessions -= 1
+        self.target = self.draft = None
+        for (role, _), replica in list(self._holders.items()):
+            self._release_in_background(replica, role)
+
+
+def _client_error(replica: Replica, error: grpc.aio.AioRpcError) -> Exception:
+    """A replica's refusal that recovery cannot fix, as the domain error the client gets."""
+    message = f"target {replica.address}: {error.code().name}: {error.details()}"
+    kind = {grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded, grpc.StatusCode.OUT_OF_RANGE: OutOfRange,
+            grpc.StatusCode.INVALID_ARGUMENT: InvalidInput}.get(error.code(), Unavailable)
+    return kind(message)
 
 
 def _observation(proposal: ProposeResult | None, verify: VerifyResult) -> RoundObservation:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.generation import wait_for_releases
 from orchestrator.service import OrchestratorConfig, OrchestratorService
 from orchestrator.servicer import OrchestratorServicer
 from specdec.rpc.server import RunningServer, ServerConfig
@@ -32,4 +33,6 @@ async def serve(config: OrchestratorConfig, server_config: ServerConfig) -> None
     try:
         await running.wait_for_signal()
     finally:
+        # Streams that ended during the drain sent their Releases; let them land first.
+        await wait_for_releases(server_config.grace_seconds)
         await service.close()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specdec import PROTOCOL_VERSION
-from specdec.errors import InvalidInput, OutOfRange, SessionNotFound
+from specdec.errors import InvalidInput, OutOfRange, SessionNotFound, Unavailable
 from specdec.models import LoadedModel
 from specdec.sessions import Session, SessionBudget, SessionStore, check_handle
 from specdec.worker import ModelWorker
@@ -80,6 +81,7 @@ class SessionService(Generic[State]):
         self.config = config
         self.store: SessionStore[State] = SessionStore(config.budget, size_of)
         self.worker = ModelWorker(config.max_queue)
+        self.draining = False  # set on SIGTERM: existing sessions go on, new ones are refused
 
     def check_prompt(self, token_ids: list[int], what: str = "token_ids") -> None:
         if not token_ids:
@@ -98,6 +100,7 @@ class SessionService(Generic[State]):
         self, session_id: str, token_ids: list[int], build: Callable[[], tuple[State, int, Result]]
     ) -> tuple[Handle, Result, Timing]:
         """Runs build() (-> state, committed length, result) on the worker as a new epoch."""
+        self._refuse_if_draining()
         with self.store.admission(session_id, len(token_ids)):
             timed = await self.worker.run(build)
         state, committed_length, result = timed.value
@@ -122,16 +125,19 @@ class SessionService(Generic[State]):
             if replay is not None:
                 return replay
 
-            def work() -> tuple[Handle, Result]:
+            def work() -> tuple[Handle, Result, Timing]:
+                started = time.perf_counter()
                 new_length, result = apply(session.state)
                 new_handle = self._handle(session, new_length)
-                # Recorded on the worker, with the state change, so a cancelled caller cannot
-                # leave the cache advanced but the handle not.
-                session.record(handle.committed_length, new_length, (new_handle, result, None))
-                return new_handle, result
+                # Recorded on the worker, with the state change and its own timing, so a caller
+                # cancelled meanwhile cannot leave the cache advanced but the handle (or the
+                # replayable response) not: its retry gets this very response.
+                timing = Timing(time.perf_counter() - started, 0.0)
+                session.record(handle.committed_length, new_length, (new_handle, result, timing))
+                return new_handle, result, timing
 
             timed = await self.worker.run(work)
-            new_handle, result = timed.value
+            new_handle, result, _ = timed.value
             timing = Timing(timed.compute_seconds, timed.queue_seconds)
             session.last_response = (new_handle, result, timing)
             return new_handle, result, timing
@@ -140,6 +146,8 @@ class SessionService(Generic[State]):
         return self.store.release(session_id)
 
     def info(self) -> ServiceInfo:
+        # Routers pick replicas by Info; one that is draining must not look like a candidate.
+        self._refuse_if_draining()
         loaded = self.loaded
         return ServiceInfo(
             protocol_version=PROTOCOL_VERSION,
@@ -160,12 +168,37 @@ class SessionService(Generic[State]):
             max_cached_tokens=self.config.budget.max_cached_tokens,
         )
 
-    async def expire_forever(self, interval_seconds: float = 5.0) -> None:
+    async def expire_forever(self, interval_seconds: float | None = None) -> None:
+        """Drops idle sessions; by default checks four times per TTL (at most every 5 s)."""
+        if interval_seconds is None:
+            interval_seconds = min(5.0, self.config.budget.ttl_seconds / 4)
         while True:
             await asyncio.sleep(interval_seconds)
             for session_id in self.store.expire():
                 log.info("session %s expired after %.0f s idle", session_id,
                          self.config.budget.ttl_seconds)
+
+    @property
+    def drained(self) -> bool:
+        """No session, no prefill being admitted, no forward pass queued or running."""
+        return len(self.store) == 0 and self.store.reserved_sessions == 0 and self.worker.idle
+
+    async def drain(self, timeout_seconds: float) -> bool:
+        """On SIGTERM: refuses new sessions (and Info, so routers stop picking this replica),
+        keeps serving the calls of existing sessions until they are released or expire, or until
+        timeout_seconds. True if it drained."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_seconds
+        while not self.drained and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if not self.drained:
+            log.warning("drain timed out with %d sessions left", len(self.store))
+        return self.drained
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise Unavailable(f"replica {self.config.replica_id} is shutting down: "
+                              "it takes no new sessions")
 
     def _handle(self, session: Session[Any], committed_length: int | None = None) -> Handle:
         return Handle(

@@ -73,6 +73,11 @@ class SessionStore(Generic[State]):
     def __len__(self) -> int:
         return len(self._sessions)
 
+    @property
+    def reserved_sessions(self) -> int:
+        """Prefills admitted and still running."""
+        return self._reserved_sessions
+
     def cached_tokens(self) -> int:
         # list(): the metrics thread reads this while the event loop may add sessions
         return sum(self._size_of(s.state) for s in list(self._sessions.values()))

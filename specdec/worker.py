@@ -37,6 +37,10 @@ class ModelWorker:
         """Calls queued or running over the queue's capacity, in [0, 1]."""
         return min(1.0, self._pending / self.max_queue)
 
+    @property
+    def idle(self) -> bool:
+        return self._pending == 0
+
     async def run(self, fn: Callable[[], Result]) -> Timed:
         if self._pending >= self.max_queue:
             raise Overloaded(f"model worker queue is full ({self.max_queue} calls waiting)")

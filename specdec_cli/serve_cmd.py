@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import socket
 from pathlib import Path
 
+from orchestrator.clients import RpcTimeouts
+from specdec.rpc.auth import TOKEN_ENV
 from specdec.rpc.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig, TlsConfig
 from specdec.sampling import MAX_DRAFT_TOP_M
 
@@ -78,6 +81,32 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-new-tokens", type=int, default=256)
     parser.add_argument("--startup-timeout", type=float, default=600.0,
                         help="seconds to wait for the pools at start (default 600)")
+    parser.add_argument("--pool-refresh-seconds", type=float, default=2.0,
+                        help="how often replicas are re-discovered and probed (default 2)")
+    defaults = RpcTimeouts()
+    parser.add_argument("--prefill-timeout", type=float, default=defaults.prefill_seconds,
+                        help="deadline of a Prefill on a replica, seconds "
+                             f"(default {defaults.prefill_seconds:g})")
+    parser.add_argument("--step-timeout", type=float, default=defaults.step_seconds,
+                        help="deadline of a Propose or Verify; a replica that stalls longer is "
+                             f"treated as failed (default {defaults.step_seconds:g})")
+    parser.add_argument("--control-timeout", type=float, default=defaults.control_seconds,
+                        help="deadline of Info, Release and GetTokenizer "
+                             f"(default {defaults.control_seconds:g})")
+    parser.add_argument("--auth-token-file", type=Path, default=None,
+                        help=f"clients of the API must send 'authorization: Bearer <token>' with "
+                             f"the token in this file (default: ${TOKEN_ENV} if set, else no token)")
+    parser.add_argument("--upstream-tls-cert", type=Path, default=None,
+                        help="client certificate shown to the draft and target replicas "
+                             "(default: --tls-cert)")
+    parser.add_argument("--upstream-tls-key", type=Path, default=None,
+                        help="its private key (default: --tls-key)")
+    parser.add_argument("--upstream-tls-ca", type=Path, default=None,
+                        help="CA bundle the replicas' certificates are checked against "
+                             "(default: --tls-ca)")
+    parser.add_argument("--upstream-tls-server-name", default=None,
+                        help="name the replicas' certificates must carry, when it differs from "
+                             "the address dialled (e.g. pod IPs behind a Service's name)")
 
 
 def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,9 +166,6 @@ def orchestrator_config(args: argparse.Namespace):
     from orchestrator.pool import PoolConfig
     from orchestrator.service import OrchestratorConfig
 
-    tls = None
-    if args.tls_cert and args.tls_key:
-        tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
     return OrchestratorConfig(
         draft=args.draft,
         target=args.target,
@@ -149,16 +175,46 @@ def orchestrator_config(args: argparse.Namespace):
         max_num_speculative_tokens=args.max_num_speculative_tokens,
         default_max_new_tokens=args.default_max_new_tokens,
         startup_timeout_seconds=args.startup_timeout,
-        pool=PoolConfig(tls=tls, max_message_bytes=args.max_message_bytes),
+        pool=PoolConfig(
+            refresh_seconds=args.pool_refresh_seconds,
+            tls=upstream_tls(args),
+            timeouts=RpcTimeouts(args.prefill_timeout, args.step_timeout, args.control_timeout),
+            max_message_bytes=args.max_message_bytes,
+        ),
     )
+
+
+def upstream_tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The orchestrator's TLS to the replicas: its own server certificate, key and CA unless the
+    --upstream-tls-* flags name others (a client certificate, a CA for the replicas)."""
+    cert = args.upstream_tls_cert or args.tls_cert
+    key = args.upstream_tls_key or args.tls_key
+    ca = args.upstream_tls_ca or args.tls_ca
+    if not (cert or key or ca):
+        if args.upstream_tls_server_name:
+            raise SystemExit("--upstream-tls-server-name needs TLS to the replicas")
+        return None
+    if not (cert and key):
+        raise SystemExit("TLS to the replicas needs a client certificate and key: "
+                         "--upstream-tls-cert and --upstream-tls-key (or --tls-cert and --tls-key)")
+    return TlsConfig(cert_file=cert, key_file=key, ca_file=ca, server_name=args.upstream_tls_server_name)
 
 
 def run_orchestrator(args: argparse.Namespace) -> int:
     from orchestrator.server import serve
     from specdec.errors import IncompatibleModels, Unavailable
 
+    from specdec.rpc.auth import BearerTokenInterceptor, load_token
+
     try:
-        asyncio.run(serve(orchestrator_config(args), server_config(args)))
+        token = load_token(args.auth_token_file)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"specdec: cannot read the auth token: {error}")
+    config = server_config(args)
+    if token is not None:
+        config = dataclasses.replace(config, interceptors=(BearerTokenInterceptor(token),))
+    try:
+        asyncio.run(serve(orchestrator_config(args), config))
     except (IncompatibleModels, Unavailable) as error:
         print(f"specdec: orchestrator cannot start: {error}", flush=True)
         return 2

@@ -1,12 +1,14 @@
 """Assembles a grpc.aio server: the error map, health (also on a separate plaintext port for the
 kubelet's probes, which present no client certificate), reflection, message limits, TLS, and a
-graceful stop on SIGTERM."""
+graceful stop on SIGTERM: NOT_SERVING, drain, then stop, with health answering to the end."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from google.protobuf.message import DecodeError
 
 from specdec.rpc.errors import ErrorMappingInterceptor
 
@@ -26,11 +30,15 @@ LIVENESS_SERVICE = "liveness"  # shallow: the process answers; "" is deep: the m
 
 @dataclass(frozen=True)
 class TlsConfig:
-    """PEM files. With ca_file set, the server requires client certificates (mutual TLS)."""
+    """PEM files. With ca_file set, a server requires client certificates signed by it (mutual
+    TLS); a client presents cert_file and trusts servers signed by ca_file (None: system roots).
+    server_name: the name a client checks the server's certificate against instead of the host it
+    dials (replicas are dialled by pod IP, their certificate names the Service)."""
 
     cert_file: Path
     key_file: Path
     ca_file: Path | None = None
+    server_name: str | None = None
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -73,6 +81,63 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     ]
 
 
+@dataclass(frozen=True)
+class MalformedRequest:
+    """What a request body that does not parse becomes, so the handler can refuse it clearly."""
+
+    error: str
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Bytes that are not the method's request message get INVALID_ARGUMENT. Left to grpc, a
+    deserializer that raises gives INTERNAL, which callers read as a server bug."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        deserialize = handler.request_deserializer
+
+        def tolerant(data: bytes) -> object:
+            try:
+                return deserialize(data)
+            except (DecodeError, ValueError, TypeError) as error:
+                return MalformedRequest(f"{type(error).__name__}: {error}")
+
+        async def refuse(request: MalformedRequest, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request is not a valid message ({request.error})")
+
+        if handler.unary_unary is not None:
+            behavior = handler.unary_unary
+
+            async def unary(request, context):
+                if isinstance(request, MalformedRequest):
+                    await refuse(request, context)
+                return await behavior(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=tolerant, response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            stream_behavior = handler.unary_stream
+
+            async def stream(request, context):
+                if isinstance(request, MalformedRequest):
+                    await refuse(request, context)
+                async for response in stream_behavior(request, context):
+                    yield response
+
+            async def writing(request, context):  # a handler that streams with context.write
+                if isinstance(request, MalformedRequest):
+                    await refuse(request, context)
+                await stream_behavior(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream if inspect.isasyncgenfunction(stream_behavior) else writing,
+                request_deserializer=tolerant, response_serializer=handler.response_serializer)
+        return handler
+
+
 class RunningServer:
     """A started server and its health state."""
 
@@ -80,7 +145,8 @@ class RunningServer:
         self.config = config
         self.service_names = list(service_names)
         self.health = health.aio.HealthServicer()
-        self._servers: list[grpc.aio.Server] = []
+        self._servers: list[grpc.aio.Server] = []  # the service port's
+        self._health_servers: list[grpc.aio.Server] = []  # the plaintext health port's
         self.port = 0
         self.health_port: int | None = None
 
@@ -95,12 +161,12 @@ class RunningServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.health_port = server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
         await server.start()
-        self._servers.append(server)
+        self._health_servers.append(server)
 
     async def start(self, register: Callable[[grpc.aio.Server], None]) -> None:
         """Starts the service port with the servicers register() adds, then reports SERVING."""
         server = grpc.aio.server(
-            interceptors=[*self.config.interceptors, ErrorMappingInterceptor()],
+            interceptors=[*self.config.interceptors, MalformedRequestInterceptor(), ErrorMappingInterceptor()],
             options=channel_options(self.config.max_message_bytes),
         )
         register(server)
@@ -122,12 +188,19 @@ class RunningServer:
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
-    async def stop(self) -> None:
-        """NOT_SERVING first (routers stop sending new sessions), then drain in-flight calls."""
+    async def stop(self, drain: Callable[[float], Awaitable[object]] | None = None) -> None:
+        """NOT_SERVING first (probes and routers stop sending new work), then drain(seconds) while
+        the port still serves existing sessions, then stop: in-flight calls get the rest of the
+        grace, new calls are refused. The health port answers (NOT_SERVING) until the end."""
+        deadline = time.monotonic() + self.config.grace_seconds
         await self.set_serving(False)
-        await asyncio.gather(*(s.stop(self.config.grace_seconds) for s in reversed(self._servers)))
+        if drain is not None:
+            await drain(self.config.grace_seconds)
+        left = max(0.0, deadline - time.monotonic())
+        await asyncio.gather(*(s.stop(left) for s in self._servers))
+        await asyncio.gather(*(s.stop(0) for s in self._health_servers))
 
-    async def wait_for_signal(self) -> None:
+    async def wait_for_signal(self, drain: Callable[[float], Awaitable[object]] | None = None) -> None:
         """Blocks until SIGTERM or SIGINT, then stops gracefully."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -135,7 +208,7 @@ class RunningServer:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("signal received: draining for up to %.0f s", self.config.grace_seconds)
-        await self.stop()
+        await self.stop(drain)
 
 
 async def serve_model_until_signal(
@@ -147,7 +220,8 @@ async def serve_model_until_signal(
 ) -> None:
     """The life of a model service process: health up (NOT_SERVING) while load() runs on a thread,
     start(loaded, running) -> service opens the service port, a READY line is printed, and on
-    SIGTERM / SIGINT the server drains and the service's worker and expiry stop."""
+    SIGTERM / SIGINT the service drains (no new sessions; existing ones finish), the server stops,
+    and the service's worker and expiry stop."""
     running = RunningServer(server_config, [service_name])
     await running.start_health()
     loaded = await asyncio.to_thread(load)
@@ -156,7 +230,7 @@ async def serve_model_until_signal(
     print(f"READY {role} {server_config.host}:{running.port} health={running.health_port} "
           f"model={loaded.model_id} vocab={loaded.vocab_size}", flush=True)
     try:
-        await running.wait_for_signal()
+        await running.wait_for_signal(service.drain)
     finally:
         expiry.cancel()
         service.worker.shutdown()

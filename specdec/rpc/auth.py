@@ -1,0 +1,91 @@
+"""Bearer-token authentication of the orchestrator's public API.
+
+Every call must carry the metadata `authorization: Bearer <token>`; a missing or wrong token gets
+UNAUTHENTICATED before the handler runs. Health (grpc.health.v1) stays open, because probes and
+load balancers carry no token. The token comes from a file (a Kubernetes Secret mounted as one)
+or the SPECDEC_AUTH_TOKEN environment variable.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+TOKEN_ENV = "SPECDEC_AUTH_TOKEN"
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+METADATA_KEY = "authorization"
+SCHEME = "bearer "
+
+
+def load_token(token_file: Path | None, environ: dict[str, str] | None = None) -> str | None:
+    """The token from token_file if given, else from $SPECDEC_AUTH_TOKEN; None if neither is set.
+
+    Surrounding whitespace (a trailing newline in a Secret) is dropped; an empty token is an error,
+    since it would let any caller in."""
+    environ = os.environ if environ is None else environ
+    if token_file is not None:
+        token, source = token_file.read_text(encoding="utf-8").strip(), str(token_file)
+    elif environ.get(TOKEN_ENV) is not None:
+        token, source = environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
+    else:
+        return None
+    if not token:
+        raise ValueError(f"the auth token in {source} is empty")
+    return token
+
+
+def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """Call metadata that authenticates a client."""
+    return ((METADATA_KEY, f"Bearer {token}"),)
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("the auth token must not be empty")
+        self._token = token.encode()
+
+    def _authenticated(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> bool:
+        for key, value in metadata or ():
+            if key.lower() != METADATA_KEY or not isinstance(value, str):
+                continue
+            if value[: len(SCHEME)].lower() == SCHEME:
+                # Constant time, so response timing does not reveal how much of a guess matched.
+                return hmac.compare_digest(value[len(SCHEME):].strip().encode(), self._token)
+        return False
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        if self._authenticated(handler_call_details.invocation_metadata):
+            return handler
+        return _refusal(handler)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same kind that answers UNAUTHENTICATED without reading the request."""
+
+    async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            "missing or wrong bearer token (metadata 'authorization: Bearer <token>')")
+
+    def raw(data: bytes) -> bytes:  # never parse what an unauthenticated caller sent
+        return data
+
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(refuse, request_deserializer=raw)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(refuse, request_deserializer=raw)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(refuse, request_deserializer=raw)
+    return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=raw)
