@@ -6,7 +6,7 @@ On disk a draft is a directory:
     specdec_draft.json   {"format": "specdec-draft", "format_version": 1,
                           "target": "default" | path (relative paths are relative to this dir),
                           "config": <LlamaConfig dict>, "kept_token_ids": [...],
-                          "embedding_checksum": float, "training": {...}}
+                          "embedding_fingerprint": [16 floats], "training": {...}}
     model.safetensors    float16, the draft's OWN weights only (layers, final norm, restricted head);
                          the token embedding is read from the target's safetensors at load time.
 
@@ -71,7 +71,7 @@ class DraftSpec:
     config: LlamaConfig
     kept_token_ids: list[int]
     target: str
-    embedding_checksum: float
+    embedding_fingerprint: list[float]
     training: dict
 
     def to_json(self) -> dict:
@@ -81,7 +81,7 @@ class DraftSpec:
             "target": self.target,
             "config": self.config.to_dict(),
             "kept_token_ids": list(self.kept_token_ids),
-            "embedding_checksum": self.embedding_checksum,
+            "embedding_fingerprint": self.embedding_fingerprint,
             "training": self.training,
         }
 
@@ -98,14 +98,25 @@ class DraftSpec:
             config=LlamaConfig(**config_dict),
             kept_token_ids=[int(i) for i in data["kept_token_ids"]],
             target=str(data["target"]),
-            embedding_checksum=float(data["embedding_checksum"]),
+            embedding_fingerprint=[float(v) for v in data["embedding_fingerprint"]],
             training=dict(data.get("training", {})),
         )
 
 
-def embedding_checksum(embedding: torch.Tensor) -> float:
-    """A cheap fingerprint of the target's embedding, to refuse a draft paired with another target."""
-    return float(embedding.detach().float().abs().mean())
+FINGERPRINT_SIZE = 16
+
+
+def embedding_fingerprint(embedding: torch.Tensor) -> list[float]:
+    """A few fixed entries of the target's embedding, to refuse a draft paired with another
+    target; compared with a tolerance so a float16 / bfloat16 copy of the same target passes."""
+    flat = embedding.detach().reshape(-1)
+    index = torch.arange(FINGERPRINT_SIZE) * (flat.numel() - 1) // (FINGERPRINT_SIZE - 1)
+    return [float(v) for v in flat[index].float()]
+
+
+def fingerprints_match(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-2,
+                                               atol=1e-3)
 
 
 def build_draft(config: LlamaConfig, kept_token_ids: torch.Tensor | list[int],
@@ -167,7 +178,7 @@ def save_draft(model: LlamaForCausalLM, out_dir: Path, target: str, training: di
         config=model.config,
         kept_token_ids=head.kept_token_ids.tolist(),
         target=target,
-        embedding_checksum=embedding_checksum(model.model.embed_tokens.weight),
+        embedding_fingerprint=embedding_fingerprint(model.model.embed_tokens.weight),
         training=training or {},
     )
     (out_dir / DRAFT_CONFIG_NAME).write_text(json.dumps(spec.to_json(), indent=1) + "\n")
@@ -220,11 +231,10 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32,
     spec = read_draft_spec(path)
     source = Path(target_dir) if target_dir is not None else resolve_target_dir(path, spec.target)
     embedding = load_target_embedding(source)
-    checksum = embedding_checksum(embedding)
-    if abs(checksum - spec.embedding_checksum) > 1e-3 * max(1.0, abs(spec.embedding_checksum)):
+    if not fingerprints_match(embedding_fingerprint(embedding), spec.embedding_fingerprint):
         raise DraftFormatError(
             f"draft {path} was trained for a different target than {source} "
-            f"(embedding checksum {checksum:.6g} != {spec.embedding_checksum:.6g})"
+            f"(the target's token embedding does not match the draft's fingerprint)"
         )
     model = build_draft(spec.config, spec.kept_token_ids, embedding.float())
     own = load_file(str(path / DRAFT_WEIGHTS_NAME))

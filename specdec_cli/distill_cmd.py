@@ -33,6 +33,12 @@ def register(subparsers) -> None:
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--soft-label-weight", type=float, default=defaults.soft_label_weight)
     parser.add_argument("--holdout-fraction", type=float, default=defaults.holdout_fraction)
+    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+    parser.add_argument("--min-token-count", type=int, default=defaults.min_token_count,
+                        help="head keeps token ids the target emitted at least this often")
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every_steps,
+                        help="validate every N steps and keep the best weights (0: off)")
+    parser.add_argument("--validation-answers", type=int, default=defaults.validation_answers)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -57,6 +63,10 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         learning_rate=args.learning_rate,
         soft_label_weight=args.soft_label_weight,
         holdout_fraction=args.holdout_fraction,
+        weight_decay=args.weight_decay,
+        min_token_count=args.min_token_count,
+        eval_every_steps=args.eval_every,
+        validation_answers=args.validation_answers,
         seed=args.seed,
         device=args.device,
         threads=args.threads,

@@ -32,6 +32,10 @@ class DistillConfig:
     soft_label_weight: float = 0.5  # weight of the KL term on the target's top-k logits
     soft_label_top_k: int = 8
     holdout_fraction: float = 0.08
+    min_token_count: int = 1  # head keeps ids the target emitted at least this often in training
+    eval_every_steps: int = 0  # > 0: check a validation set (taken from the training answers)
+    # this often and keep the best weights (early stopping against overfitting)
+    validation_answers: int = 64
     eval_num_speculative_tokens: int = 4  # K of the teacher-forced τ simulation
     seed: int = 0
     device: str = "cpu"
@@ -42,7 +46,7 @@ class DistillConfig:
     def __post_init__(self) -> None:
         positive = ("num_prompts", "max_new_tokens", "max_prompt_tokens", "generation_batch_size",
                     "num_layers", "steps", "batch_size", "soft_label_top_k",
-                    "eval_num_speculative_tokens")
+                    "eval_num_speculative_tokens", "min_token_count", "validation_answers")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -56,8 +60,8 @@ class DistillConfig:
             raise ValueError(f"soft_label_weight must be in [0, 1], got {self.soft_label_weight}")
         if self.max_train_seconds is not None and self.max_train_seconds <= 0:
             raise ValueError("max_train_seconds must be > 0")
-        if self.warmup_steps < 0:
-            raise ValueError("warmup_steps must be >= 0")
+        if self.warmup_steps < 0 or self.eval_every_steps < 0:
+            raise ValueError("warmup_steps and eval_every_steps must be >= 0")
 
     def to_json(self) -> dict:
         data = asdict(self)

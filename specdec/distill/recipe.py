@@ -97,13 +97,22 @@ def run_distill(config: DistillConfig) -> DistillResult:
     train, held = split_examples(examples, config.holdout_fraction, config.seed)
     eos = target.generation_config.eos_token_id
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-    kept_ids = kept_ids_from_examples(train, extra)
+    validation: list[Example] = []
+    if config.eval_every_steps:
+        validation, train = train[:config.validation_answers], train[config.validation_answers:]
+        if not train:
+            raise ValueError("no training answers left after taking the validation answers")
+    kept_ids = kept_ids_from_examples(train, extra, config.min_token_count)
     _log(config, f"{len(train)} training answers ({sum(len(e.answer_ids) for e in train)} "
                  f"tokens), {len(held)} held out; head over {kept_ids.numel()} token ids")
 
     draft = init_draft_from_target(target, config.num_layers, kept_ids).to(config.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else extra[0]
-    training = train_draft(draft, train, config, pad_id)
+    def validate(model) -> float:
+        return evaluate_held_out(model, validation, config.eval_num_speculative_tokens,
+                                 ).greedy_agreement
+
+    training = train_draft(draft, train, config, pad_id, validate if validation else None)
     held_out = evaluate_held_out(draft, held, config.eval_num_speculative_tokens)
     train_sample = evaluate_held_out(draft, train[:len(held)], config.eval_num_speculative_tokens)
     # c is measured on the CPU (the machine this recipe targets), whatever device trained.
@@ -116,6 +125,7 @@ def run_distill(config: DistillConfig) -> DistillResult:
         "num_train_answers": len(train),
         "num_train_tokens": sum(len(e.answer_ids) for e in train),
         "num_held_out_answers": len(held),
+        "num_validation_answers": len(validation),
         "num_kept_token_ids": int(kept_ids.numel()),
         "generation_seconds": round(generation_seconds, 1),
         **training,
