@@ -110,9 +110,8 @@ def test_separate_health_port_follows_the_server_life(loop_thread, loaded_target
             target_pb2_grpc.TargetServiceStub(health_channel).Info(common_pb2.InfoRequest(), timeout=TIMEOUT)
         assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
-        # Watch streams opened before the stop see the change while the server drains. (Only on
-        # the health port.)
-        for channel in (health_channel,):
+        # Watch streams opened before the stop see the change while the server drains.
+        for channel in (health_channel, service_channel):
             for service_name in ("", name):
                 watch = health_pb2_grpc.HealthStub(channel).Watch(
                     health_pb2.HealthCheckRequest(service=service_name), timeout=TIMEOUT)
