@@ -1,0 +1,128 @@
+"""The distillation recipe: prompts, simulation, loss, config, and an end-to-end smoke run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.distill.config import DistillConfig
+from specdec.distill.data import Example
+from specdec.distill.evaluate import committed_per_round
+from specdec.distill.prompts import build_prompts
+from specdec.distill.tiny import make_tiny_target
+from specdec.distill.train import Batch, distill_loss, kept_ids_from_examples
+from specdec.draft_model import is_draft_dir, load_draft, read_draft_spec
+
+
+def _benchmark_prompts():
+    from specdec import prompt_sets
+
+    return prompt_sets
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def test_benchmark_prompt_set_shape():
+    prompts = _benchmark_prompts()
+    assert len(prompts.DEMO_PROMPTS) == 6 and len(prompts.BENCHMARK_PROMPTS) == 24
+    assert {p.kind for p in prompts.BENCHMARK_PROMPTS} == set(prompts.TASK_KINDS)
+    assert len({p.name for p in prompts.ALL_PROMPTS}) == len(prompts.ALL_PROMPTS)
+
+
+def test_distill_prompts_are_disjoint_from_demo_and_benchmark_prompts():
+    benchmark = _benchmark_prompts().ALL_PROMPTS
+    # 8,000 is what the committed draft's run drew from (num_prompts 4,000, twice for filtering).
+    distill = [_normalise(m[-1]["content"]) for m in build_prompts(8000, seed=0)]
+    distill_set = set(distill)
+    joined = "\n".join(distill)
+    for prompt in benchmark:
+        assert _normalise(prompt.text) not in distill_set, prompt.name
+        for quoted in re.findall(r'"([^"]+)"', prompt.text):  # translation sentences
+            assert _normalise(quoted) not in joined, prompt.name
+
+
+def test_distill_prompts_are_deterministic_and_distinct():
+    first = build_prompts(300, seed=3)
+    assert first == build_prompts(300, seed=3)
+    texts = [m[-1]["content"] for m in first]
+    assert len(texts) == 300 == len(set(texts))
+
+
+@pytest.mark.parametrize(
+    ("matches", "k", "expected"),
+    [
+        ([True] * 10, 4, (10, 2)),  # 5 committed per round: 4 accepted + bonus
+        ([False] * 6, 4, (6, 6)),  # every round commits only the correction
+        ([True, False, True, True, True, True, True], 4, (7, 2)),  # 2 committed, then 5
+        ([True, True], 4, (2, 1)),  # clipped at the answer's end
+    ],
+)
+def test_committed_per_round_simulation(matches, k, expected):
+    assert committed_per_round(matches, k) == expected
+
+
+def test_kept_ids_respect_min_count():
+    examples = [Example([1], [5, 5, 7], torch.zeros(3, 2, dtype=torch.int32),
+                        torch.zeros(3, 2, dtype=torch.float16))]
+    assert kept_ids_from_examples(examples, [2]).tolist() == [2, 5, 7]
+    assert kept_ids_from_examples(examples, [2], min_count=2).tolist() == [2, 5]
+
+
+def test_distill_loss_with_no_soft_weight_is_cross_entropy():
+    logits = torch.randn(4, 6)
+    batch = Batch(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(4), torch.zeros(4),
+                  hard_labels=torch.tensor([0, 3, 5, 1]),
+                  soft_ids=torch.tensor([[0, 1]] * 4), soft_logits=torch.zeros(4, 2))
+    expected = torch.nn.functional.cross_entropy(logits, batch.hard_labels)
+    assert torch.allclose(distill_loss(logits, batch, 0.0), expected)
+    # Soft ids outside the kept set (-1) are dropped rather than indexed.
+    batch.soft_ids[0] = torch.tensor([-1, -1])
+    assert torch.isfinite(distill_loss(logits, batch, 0.5))
+
+
+@pytest.mark.parametrize("field", ["num_layers", "steps", "num_prompts", "batch_size"])
+def test_config_rejects_non_positive_values(field):
+    with pytest.raises(ValueError, match=field):
+        DistillConfig(target="default", out_dir=Path("x"), **{field: 0})
+
+
+def test_config_rejects_bad_fractions():
+    with pytest.raises(ValueError):
+        DistillConfig(target="default", out_dir=Path("x"), holdout_fraction=1.0)
+    with pytest.raises(ValueError):
+        DistillConfig(target="default", out_dir=Path("x"), soft_label_weight=1.5)
+
+
+def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
+    from specdec_cli.main import main
+
+    target_dir = make_tiny_target(tmp_path / "target", seed=0)
+    out_dir = tmp_path / "draft"
+    data_path = tmp_path / "answers.pt"
+    argv = ["distill", "--target", str(target_dir), "--out", str(out_dir), "--num-prompts", "24",
+            "--max-new-tokens", "12", "--layers", "1", "--steps", "6", "--batch-size", "4",
+            "--eval-every", "3", "--validation-answers", "2", "--data", str(data_path),
+            "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads(printed[printed.index("{\n"):])
+    assert 0.0 <= summary["held_out"]["greedy_agreement"] <= 1.0
+    assert 1.0 <= summary["held_out"]["mean_committed_per_round"] <= 5.0
+    assert summary["cost"]["cost_ratio"] > 0
+    assert is_draft_dir(out_dir) and data_path.is_file()
+    spec = read_draft_spec(out_dir)
+    assert spec.target == str(target_dir.resolve())
+    assert spec.training["num_held_out_answers"] >= 1 and "best_step" in spec.training
+    draft = load_draft(out_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = draft(input_ids=torch.tensor([[5, 6, 7]])).logits
+    assert logits.shape == (1, 3, draft.config.vocab_size)
+    # A second run reuses the cached answers.
+    assert main(argv[:4] + [str(tmp_path / "again")] + argv[5:]) == 0
+    assert "loaded 24 cached answers" in capsys.readouterr().out
