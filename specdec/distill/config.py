@@ -32,7 +32,8 @@ class DistillConfig:
     soft_label_weight: float = 0.5  # weight of the KL term on the target's top-k logits
     soft_label_top_k: int = 8
     holdout_fraction: float = 0.08
-    min_token_count: int = 1  # head keeps ids the target emitted at least this often in training
+    min_token_count: int = 1  # after training, the head keeps only ids the target emitted at
+    # least this often in the training answers (training uses every emitted id)
     eval_every_steps: int = 0  # > 0: check a validation set (taken from the training answers)
     # this often and keep the best weights (early stopping against overfitting)
     validation_answers: int = 64

@@ -20,7 +20,12 @@ from specdec.distill.data import (
 )
 from specdec.distill.evaluate import HeldOutReport, cost_ratio, evaluate_held_out
 from specdec.distill.prompts import build_prompts
-from specdec.distill.train import init_draft_from_target, kept_ids_from_examples, train_draft
+from specdec.distill.train import (
+    init_draft_from_target,
+    kept_ids_from_examples,
+    prune_head,
+    train_draft,
+)
 from specdec.draft_model import save_draft
 
 
@@ -102,7 +107,7 @@ def run_distill(config: DistillConfig) -> DistillResult:
         validation, train = train[:config.validation_answers], train[config.validation_answers:]
         if not train:
             raise ValueError("no training answers left after taking the validation answers")
-    kept_ids = kept_ids_from_examples(train, extra, config.min_token_count)
+    kept_ids = kept_ids_from_examples(train, extra)
     _log(config, f"{len(train)} training answers ({sum(len(e.answer_ids) for e in train)} "
                  f"tokens), {len(held)} held out; head over {kept_ids.numel()} token ids")
 
@@ -113,6 +118,12 @@ def run_distill(config: DistillConfig) -> DistillResult:
                                  ).greedy_agreement
 
     training = train_draft(draft, train, config, pad_id, validate if validation else None)
+    num_trained_ids = int(kept_ids.numel())
+    if config.min_token_count > 1:
+        kept_ids = kept_ids_from_examples(train, extra, config.min_token_count)
+        prune_head(draft, kept_ids)
+        _log(config, f"head pruned to {kept_ids.numel()} ids emitted ≥{config.min_token_count} "
+                     f"times")
     held_out = evaluate_held_out(draft, held, config.eval_num_speculative_tokens)
     train_sample = evaluate_held_out(draft, train[:len(held)], config.eval_num_speculative_tokens)
     # c is measured on the CPU (the machine this recipe targets), whatever device trained.
@@ -126,6 +137,7 @@ def run_distill(config: DistillConfig) -> DistillResult:
         "num_train_tokens": sum(len(e.answer_ids) for e in train),
         "num_held_out_answers": len(held),
         "num_validation_answers": len(validation),
+        "num_trained_token_ids": num_trained_ids,
         "num_kept_token_ids": int(kept_ids.numel()),
         "generation_seconds": round(generation_seconds, 1),
         **training,

@@ -48,6 +48,19 @@ def init_draft_from_target(target, num_layers: int, kept_ids: torch.Tensor):
     return draft.float()
 
 
+def prune_head(draft, keep_ids: torch.Tensor) -> None:
+    """Drop the head rows of ids not in `keep_ids` (in place). Rows are independent, so the kept
+    rows' logits do not change; a smaller head makes each draft step cheaper."""
+    from specdec.draft_model import RestrictedHead
+
+    head = draft.lm_head
+    mask = torch.isin(head.kept_token_ids, keep_ids)  # (N_kept,)
+    pruned = RestrictedHead(head.proj.in_features, head.kept_token_ids[mask], head.vocab_size)
+    with torch.no_grad():
+        pruned.proj.weight.copy_(head.proj.weight[mask])
+    draft.lm_head = pruned.to(head.proj.weight.device, head.proj.weight.dtype)
+
+
 @dataclass
 class Batch:
     input_ids: torch.Tensor  # (B, T) right-padded prompt + answer[:-1]

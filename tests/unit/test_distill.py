@@ -107,7 +107,7 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     data_path = tmp_path / "answers.pt"
     argv = ["distill", "--target", str(target_dir), "--out", str(out_dir), "--num-prompts", "24",
             "--max-new-tokens", "12", "--layers", "1", "--steps", "6", "--batch-size", "4",
-            "--eval-every", "3", "--validation-answers", "2", "--data", str(data_path),
+            "--eval-every", "3", "--validation-answers", "2", "--min-token-count", "2", "--data", str(data_path),
             "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -126,3 +126,20 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     # A second run reuses the cached answers.
     assert main(argv[:4] + [str(tmp_path / "again")] + argv[5:]) == 0
     assert "loaded 24 cached answers" in capsys.readouterr().out
+
+
+def test_prune_head_keeps_the_logits_of_kept_ids(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from specdec.distill.train import init_draft_from_target, prune_head
+
+    target = AutoModelForCausalLM.from_pretrained(make_tiny_target(tmp_path / "t"))
+    draft = init_draft_from_target(target, 1, torch.arange(2, 60)).eval()
+    input_ids = torch.tensor([[5, 9, 11]])
+    with torch.no_grad():
+        before = draft(input_ids=input_ids).logits
+        prune_head(draft, torch.tensor([2, 7, 30, 59, 200]))  # 200 is not in the head: ignored
+        after = draft(input_ids=input_ids).logits
+    assert draft.lm_head.kept_token_ids.tolist() == [2, 7, 30, 59]
+    assert torch.equal(after[..., [2, 7, 30, 59]], before[..., [2, 7, 30, 59]])
+    assert torch.isneginf(after[..., 8]).all()
