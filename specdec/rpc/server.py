@@ -10,6 +10,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,40 @@ class MalformedRequest:
     error: str
 
 
+Guard = Callable[[Any, grpc.aio.ServicerContext], AbstractAsyncContextManager[None]]
+
+
+def _guarded(handler: grpc.RpcMethodHandler, guard: Guard, request_deserializer=None) -> grpc.RpcMethodHandler:
+    """The handler with `async with guard(request, context)` around its behavior (unary or server
+    streaming, including a streaming coroutine that writes with context.write)."""
+    deserializer = request_deserializer or handler.request_deserializer
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
+
+        async def unary(request, context):
+            async with guard(request, context):
+                return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=deserializer, response_serializer=handler.response_serializer)
+    if handler.unary_stream is not None:
+        streaming = handler.unary_stream
+
+        async def stream(request, context):
+            async with guard(request, context):
+                async for response in streaming(request, context):
+                    yield response
+
+        async def writing(request, context):
+            async with guard(request, context):
+                await streaming(request, context)
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream if inspect.isasyncgenfunction(streaming) else writing,
+            request_deserializer=deserializer, response_serializer=handler.response_serializer)
+    return handler
+
+
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     """Bytes that are not the method's request message get INVALID_ARGUMENT. Left to grpc, a
     deserializer that raises gives INTERNAL, which callers read as a server bug."""
@@ -104,38 +139,48 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
             except (DecodeError, ValueError, TypeError) as error:
                 return MalformedRequest(f"{type(error).__name__}: {error}")
 
-        async def refuse(request: MalformedRequest, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the request is not a valid message ({request.error})")
+        @asynccontextmanager
+        async def parsed(request, context):
+            if isinstance(request, MalformedRequest):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"the request is not a valid message ({request.error})")
+            yield
 
-        if handler.unary_unary is not None:
-            behavior = handler.unary_unary
+        return _guarded(handler, parsed, tolerant)
 
-            async def unary(request, context):
-                if isinstance(request, MalformedRequest):
-                    await refuse(request, context)
-                return await behavior(request, context)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary, request_deserializer=tolerant, response_serializer=handler.response_serializer)
-        if handler.unary_stream is not None:
-            stream_behavior = handler.unary_stream
+class CallGate(grpc.aio.ServerInterceptor):
+    """Counts the calls in flight; once closed (a drain), refuses new ones with UNAVAILABLE, a
+    status clients retry elsewhere, while those in flight go on. Health stays open."""
 
-            async def stream(request, context):
-                if isinstance(request, MalformedRequest):
-                    await refuse(request, context)
-                async for response in stream_behavior(request, context):
-                    yield response
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.closed = False
 
-            async def writing(request, context):  # a handler that streams with context.write
-                if isinstance(request, MalformedRequest):
-                    await refuse(request, context)
-                await stream_behavior(request, context)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or (handler_call_details.method or "").startswith("/grpc.health.v1.Health/"):
+            return handler
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream if inspect.isasyncgenfunction(stream_behavior) else writing,
-                request_deserializer=tolerant, response_serializer=handler.response_serializer)
-        return handler
+        @asynccontextmanager
+        async def counted(request, context):
+            if self.closed:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            self.in_flight += 1
+            try:
+                yield
+            finally:
+                self.in_flight -= 1
+
+        return _guarded(handler, counted)
+
+    async def drain(self, timeout_seconds: float) -> bool:
+        """Closes the gate and waits up to timeout_seconds for the calls in flight to end."""
+        self.closed = True
+        deadline = time.monotonic() + timeout_seconds
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.in_flight == 0
 
 
 class RunningServer:
