@@ -230,6 +230,9 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
         "finish_reason": pb.FinishReason.Name(result.finish_reason),
         "output_digest": result.output_digest,
     }
+    if fields["schedule"] in (ADAPTIVE, HEURISTIC):  # the schedule itself, for a look at the controller
+        record["k_per_round"] = ks
+        record["accepted_per_round"] = list(stats.num_accepted_per_round)
     if stats.controller_estimates:
         record["controller_estimates"] = dict(stats.controller_estimates)
     return record
