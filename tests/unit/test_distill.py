@@ -107,7 +107,8 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     data_path = tmp_path / "answers.pt"
     argv = ["distill", "--target", str(target_dir), "--out", str(out_dir), "--num-prompts", "24",
             "--max-new-tokens", "12", "--layers", "1", "--steps", "6", "--batch-size", "4",
-            "--eval-every", "3", "--validation-answers", "2", "--min-token-count", "2", "--data", str(data_path),
+            "--eval-every", "3", "--validation-answers", "2", "--min-token-count", "2",
+            "--data", str(data_path),
             "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
