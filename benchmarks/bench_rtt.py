@@ -238,7 +238,9 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
     return record
 
 
-def sweep(clients: dict, config: BenchConfig, prompts: list, references: list) -> list[dict]:
+def sweep(clients: dict, config: BenchConfig, prompts: list, references: list,
+          journal: Path) -> list[dict]:
+    """Every cell of every repetition; each run's record is also appended to `journal` at once."""
     rng = random.Random(config.seed)
     cells = [(s, t) for s in config.schedules for t in config.temperatures]
     progress = common.Progress(config.repetitions * len(config.rtts_ms) * len(cells))
@@ -261,6 +263,7 @@ def sweep(clients: dict, config: BenchConfig, prompts: list, references: list) -
                         record["matches_target_only"] = mismatch is None
                         record["first_mismatch_index"] = mismatch
                     runs.append(record)
+                    common.append_json_line(journal, record)
                     tokens += record["generated_tokens"]
                     seconds += record["seconds"]
                 progress.step(f"rep {repetition} RTT {rtt_ms:>4g} ms {temperature_label(temperature):>6} "
@@ -431,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         clients = {rtt: stack.enter_context(common.OrchestratorClient(a)) for rtt, a in addresses.items()}
         common.note("warm-up and target-only references...")
         references = warm_up_and_reference(clients, config, prompts)
-        runs = sweep(clients, config, prompts, references)
+        journal = config.out / f"rtt_{config.name}.runs.jsonl"  # removed once the results are written
+        journal.unlink(missing_ok=True)
+        common.note(f"sweep; each run is also logged to {journal}")
+        runs = sweep(clients, config, prompts, references, journal)
     summary = summarize(runs, config)
     text = "\n".join(["", *describe(summary, config), "", render_table(summary, config, markdown=False)])
     markdown = "\n\n".join([f"# RTT benchmark ({environment['utc']})", "\n".join(describe(summary, config)),
@@ -448,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "table_markdown": render_table(summary, config, markdown=True),
     }
     json_path, md_path = common.write_results(config.out, f"rtt_{config.name}", data, markdown)
+    journal.unlink(missing_ok=True)
     print(text)
     print(f"\nwrote {json_path} and {md_path}")
     return 0

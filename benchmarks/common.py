@@ -310,6 +310,14 @@ def write_results(out_dir: Path, stem: str, data: dict, markdown: str) -> tuple[
     return json_path, md_path
 
 
+def append_json_line(path: Path, record: dict) -> None:
+    """Appends one record to a JSON-lines file: a long benchmark that dies midway leaves the
+    measurements it made behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as file:
+        file.write(json.dumps(record) + "\n")
+
+
 class Progress:
     """One line per step on stderr: count, elapsed time, message."""
 
