@@ -97,10 +97,12 @@ def load_model(config: ModelConfig) -> LoadedModel:
     path = resolve_model_dir(config.model, config.role)
     dtype = config.torch_dtype
     if _is_draft_dir(path):
-        from specdec.draft_model import load_draft, tokenizer_dir_of
+        from specdec.draft_model import load_draft, read_draft_spec, resolve_target_dir
 
         model = load_draft(path, dtype=dtype, device=config.device)
-        tokenizer = load_tokenizer(tokenizer_dir_of(path))
+        # A draft stores only its own weights; its tokenizer is its target's unless it ships one.
+        tokenizer = load_tokenizer(path) or load_tokenizer(
+            resolve_target_dir(path, read_draft_spec(path).target))
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(config.device)
         tokenizer = load_tokenizer(path)
