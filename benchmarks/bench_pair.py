@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per model service "
+                        "and for Hugging Face in-process (1 avoids OpenMP spinning on a busy machine)")
     parser.add_argument("--skip-hf", action="store_true", help="skip Hugging Face assisted generation")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 prompt per kind, K 1,4")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pair.json")
@@ -232,7 +234,7 @@ def main(argv=None) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     prompts = chosen_prompts(args.prompts_per_kind)
     config = StackConfig(target=args.target, draft=args.draft, dtype=args.dtype, port=0, echo=False,
-                         speculation="adaptive", max_num_speculative_tokens=8)
+                         speculation="adaptive", max_num_speculative_tokens=8, threads=args.threads)
     prepare_default_models(config)
     schedules = ["off", *[f"k={k}" for k in ks], "adaptive"]
     with local_stack(config) as services:
@@ -263,6 +265,8 @@ def main(argv=None) -> int:
         "runs": [asdict(r) | {"tokens": len(r.tokens)} for r in runs],
     }
     if not args.skip_hf:
+        if args.threads:
+            torch.set_num_threads(args.threads)
         target_dir, draft_dir = resolved_dirs(args)
         report["hf_assisted"] = hf_assisted(target_dir, draft_dir, args.dtype, prompts, temperatures,
                                             args.max_new_tokens)

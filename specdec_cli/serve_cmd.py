@@ -65,6 +65,8 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="longest sequence per session; 0: the model's own limit")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="forward passes waiting before RESOURCE_EXHAUSTED (default 64)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for forward passes (default: torch's choice)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics (specdec_active_sessions, ...) on this HTTP port")
     if role == "draft":
@@ -136,6 +138,10 @@ def run_model_service(args: argparse.Namespace) -> int:
     from specdec.serving import ServiceConfig
     from specdec.sessions import SessionBudget
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model = ModelConfig(args.model, args.role, device=args.device, dtype=args.dtype,
                         max_context=args.max_context)
     service = ServiceConfig(

@@ -25,6 +25,7 @@ class StackConfig:
     num_speculative_tokens: int = 4
     max_num_speculative_tokens: int = 16
     echo: bool = True
+    threads: int | None = None  # torch threads of each model service
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,13 +41,15 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50050, help="orchestrator port (default 50050)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of each model service (default: torch's choice)")
     add_speculation_flags(parser)
 
 
 def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
     return StackConfig(args.target, args.draft, args.device, args.dtype, args.host, args.port,
                        args.speculation, args.num_speculative_tokens,
-                       args.max_num_speculative_tokens, echo)
+                       args.max_num_speculative_tokens, echo, args.threads)
 
 
 @contextmanager
@@ -56,9 +59,10 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
         started: dict[str, ServiceProcess] = {}
 
         def start(role: str, model: str) -> None:
+            threads = ["--threads", str(config.threads)] if config.threads else []
             started[role] = start_service(role, [
                 "--model", model, "--device", config.device, "--dtype", config.dtype,
-                "--host", config.host, "--port", "0",
+                "--host", config.host, "--port", "0", *threads,
             ], echo=config.echo)
 
         threads = [threading.Thread(target=start, args=(role, model))
