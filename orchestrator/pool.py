@@ -1,13 +1,18 @@
 """A pool of draft or target replicas: discovery, health, compatibility, placement.
 
-A session sticks to the replicas that hold its caches; new sessions go to the least-loaded healthy
-replica that takes new sessions.
+A session sticks to the replicas that hold its caches; new sessions go to the usable replica with
+the fewest sessions. Every refresh re-reads the replica source (orchestrator/discovery.py) and asks
+each replica for Info, which also checks its model against the pair, so a replica that joins late
+is checked before it gets a session. A replica the source stops listing leaves the pool: it gets
+no new sessions, and each of its sessions fails over at its next call (UNAVAILABLE, which the
+generation loop answers by re-prefilling the committed tokens on another replica).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,14 +46,23 @@ class Replica:
     replica_id: str = ""
     info: common_pb2.InfoResponse | None = None
     healthy: bool = False
-    accepting: bool = True
+    accepting: bool = True  # False: draining (terminating); keeps its sessions, takes no new ones
     active_sessions: int = 0  # sessions this orchestrator has placed here
     refused: str = ""  # why it is kept out (incompatible model), if it is
-    failures: int = field(default=0)
+    failures: int = 0
+    picks_since_probe: int = 0  # placements started since the last Info, not yet in its live_sessions
+    left: bool = False  # the source no longer lists it
+    probe: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def usable(self) -> bool:
-        return self.healthy and self.accepting and not self.refused
+        return self.healthy and self.accepting and not self.refused and not self.left
+
+    @property
+    def expected_sessions(self) -> int:
+        """Sessions on it from every orchestrator as of its last Info, plus ours placed since."""
+        reported = self.info.live_sessions if self.info is not None else 0
+        return max(self.active_sessions, reported + self.picks_since_probe)
 
 
 class ReplicaPool:
@@ -66,35 +80,83 @@ class ReplicaPool:
         self.config = config
         self.check = check
         self.replicas: dict[str, Replica] = {}  # by address
+        self._departed: list[tuple[Replica, grpc.aio.Channel, float]] = []  # (replica, channel, left at)
+        self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
+        self._discovery_error = ""
         self._task: asyncio.Task[None] | None = None
 
-    def _client(self, address: str) -> TargetClient | DraftClient:
-        channel = open_channel(address, self.config.tls, self.config.max_message_bytes)
+    def _client(self, channel) -> TargetClient | DraftClient:
         kind = TargetClient if self.role == "target" else DraftClient
         return kind(channel, self.config.timeouts)
 
     async def refresh(self) -> None:
-        """Re-discovers replicas and asks each for Info (health, identity, load)."""
+        """Re-discovers replicas and asks each for Info (health, identity, load). Waits up to
+        refresh_seconds for the answers; a slower probe goes on in the background, so one stalled
+        replica holds up neither discovery nor the rest of the pool."""
         try:
             endpoints = await self.source.endpoints()
         except Exception as error:  # keep the replicas we know when discovery hiccups
-            log.warning("%s pool: discovery failed (%s); keeping %d known replicas",
-                        self.role, error, len(self.replicas))
-            endpoints = [Endpoint(a, r.accepting) for a, r in self.replicas.items()]
-        seen = {e.address: e for e in endpoints}
-        for address in list(self.replicas):
-            if address not in seen:
-                replica = self.replicas.pop(address)
-                log.info("%s replica %s left the pool", self.role, address)
-                await replica.client.channel.close()
-        for endpoint in endpoints:
+            if str(error) != self._discovery_error:
+                log.warning("%s pool: discovery failed (%s); keeping %d known replicas",
+                            self.role, error, len(self.replicas))
+            self._discovery_error = str(error)
+        else:
+            if self._discovery_error:
+                log.info("%s pool: discovery works again", self.role)
+            self._discovery_error = ""
+            self._sync(endpoints)
+        self._close_departed()
+        probes = [self._start_probe(replica) for replica in self.replicas.values()]
+        if probes:
+            await asyncio.wait(probes, timeout=self.config.refresh_seconds)
+
+    def _sync(self, endpoints: list[Endpoint]) -> None:
+        seen = {endpoint.address: endpoint for endpoint in endpoints}
+        for address in [a for a in self.replicas if a not in seen]:
+            self._depart(self.replicas.pop(address))
+        for endpoint in seen.values():
             replica = self.replicas.get(endpoint.address)
             if replica is None:
-                replica = Replica(endpoint.address, self._client(endpoint.address))
+                channel = open_channel(endpoint.address, self.config.tls, self.config.max_message_bytes)
+                replica = Replica(endpoint.address, self._client(channel), accepting=endpoint.ready)
                 self.replicas[endpoint.address] = replica
                 log.info("%s replica %s joined the pool", self.role, endpoint.address)
+            elif replica.accepting != endpoint.ready:
+                log.info("%s replica %s %s", self.role, endpoint.address, "takes new sessions again"
+                         if endpoint.ready else "is draining: keeps its sessions, takes no new ones")
             replica.accepting = endpoint.ready
-        await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values())))
+
+    def _depart(self, replica: Replica) -> None:
+        """The replica's sessions move at their next call; its channel stays open for calls
+        already in flight and for Releases, and is closed once none of our sessions is left there."""
+        log.info("%s replica %s left the pool; its %d sessions move to other replicas",
+                 self.role, replica.address, replica.active_sessions)
+        if replica.probe is not None:
+            replica.probe.cancel()
+        channel = replica.client.channel
+        replica.left, replica.accepting, replica.healthy = True, False, False
+        replica.client = self._client(_LeftPoolChannel(replica.address, channel))
+        self._departed.append((replica, channel, time.monotonic()))
+
+    def _close_departed(self) -> None:
+        timeouts = self.config.timeouts
+        linger = max(timeouts.prefill_seconds, timeouts.step_seconds) + timeouts.control_seconds
+        now = time.monotonic()
+        staying = []
+        for replica, channel, left_at in self._departed:
+            if replica.active_sessions > 0 and now - left_at < linger:
+                staying.append((replica, channel, left_at))
+                continue
+            # grace: a Release sent just before lets it land (it has the same deadline)
+            task = asyncio.create_task(channel.close(grace=timeouts.control_seconds))
+            self._closing[task] = channel
+            task.add_done_callback(lambda done: self._closing.pop(done, None))
+        self._departed = staying
+
+    def _start_probe(self, replica: Replica) -> asyncio.Task[None]:
+        if replica.probe is None or replica.probe.done():
+            replica.probe = asyncio.create_task(self._probe(replica))
+        return replica.probe
 
     async def _probe(self, replica: Replica) -> None:
         try:
@@ -104,14 +166,18 @@ class ReplicaPool:
                 log.warning("%s replica %s unhealthy: %s", self.role, replica.address, error.code().name)
             replica.healthy = False
             return
-        if self.check is not None and not replica.refused:
+        if self.check is not None:  # every time: the reference may have been set since
             try:
                 self.check(info)
             except IncompatibleModels as error:
+                if replica.refused != str(error):
+                    log.error("%s replica %s refused: %s", self.role, replica.address, error)
                 replica.refused = str(error)
-                log.error("%s replica %s refused: %s", self.role, replica.address, error)
+            else:
+                replica.refused = ""
         replica.info = info
         replica.replica_id = info.replica_id
+        replica.picks_since_probe = 0
         replica.healthy = True
         replica.failures = 0
 
@@ -130,15 +196,29 @@ class ReplicaPool:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        for replica in self.replicas.values():
-            await replica.client.channel.close()
+            await asyncio.gather(self._task, return_exceptions=True)
+        probes = [r.probe for r in self.replicas.values() if r.probe is not None]
+        for probe in probes:
+            probe.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+        await self.source.close()
+        for task in self._closing:
+            task.cancel()
+        channels = [r.client.channel for r in self.replicas.values()]
+        channels += [c for _, c, _ in self._departed] + list(self._closing.values())
+        self._departed, self._closing = [], {}
+        await asyncio.gather(*(channel.close() for channel in channels))
 
     def pick(self, exclude: frozenset[str] = frozenset()) -> Replica | None:
-        """The least-loaded usable replica, not in exclude (addresses)."""
+        """The usable replica with the fewest expected sessions, not in exclude (addresses); ties
+        go to the lower load. The pick counts until the replica's next Info, so a burst of new
+        sessions spreads out before any of their Prefills has landed."""
         candidates = [r for r in self.replicas.values() if r.usable and r.address not in exclude]
         if not candidates:
             return None
-        return min(candidates, key=lambda r: (r.active_sessions, r.info.load if r.info else 0.0))
+        best = min(candidates, key=lambda r: (r.expected_sessions, r.info.load if r.info else 0.0, r.address))
+        best.picks_since_probe += 1
+        return best
 
     def by_replica_id(self, replica_id: str) -> Replica | None:
         return next((r for r in self.replicas.values() if r.replica_id == replica_id), None)
@@ -150,3 +230,47 @@ class ReplicaPool:
 
     def usable_count(self) -> int:
         return sum(r.usable for r in self.replicas.values())
+
+
+def _left_pool(address: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                details=f"replica {address} left the pool")
+
+
+class _LeftPoolChannel:
+    """Stands in for the channel of a replica that left the pool (duck-typing grpc.aio.Channel for
+    the generated stubs). Prefill, Verify, Propose and Info fail with UNAVAILABLE, without a round
+    trip, so a session there is rebuilt elsewhere at its next call. Release still reaches the
+    replica, which frees the caches now if it is up, not at their TTL."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
+        self.address = address
+        self._channel = channel
+
+    def unary_unary(self, method: str, *args, **kwargs):
+        if method.rsplit("/", 1)[-1] == "Release":
+            return _UnavailableOnceClosed(self.address, self._channel.unary_unary(method, *args, **kwargs))
+        return _Unavailable(self.address)
+
+    async def close(self, grace: float | None = None) -> None:
+        pass  # the pool closes the real channel
+
+
+class _Unavailable:
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    async def __call__(self, request, **kwargs):
+        raise _left_pool(self.address)
+
+
+class _UnavailableOnceClosed:
+    def __init__(self, address: str, call) -> None:
+        self.address = address
+        self._call = call
+
+    async def __call__(self, request, **kwargs):
+        try:
+            return await self._call(request, **kwargs)
+        except grpc.aio.UsageError as error:  # the pool closed the channel: nothing to free there
+            raise _left_pool(self.address) from error

@@ -29,8 +29,8 @@ SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive", "h
 
 @dataclass(frozen=True)
 class OrchestratorConfig:
-    draft: str  # replica source of the draft pool (host:port[,host:port])
-    target: str  # replica source of the target pool
+    draft: str  # replica source of the draft pool: host:port[,...], dns:///name:port or k8s://ns/service:port
+    target: str  # replica source of the target pool (same forms)
     tokenizer: Path | None = None  # else fetched from a target replica
     speculation: SpeculationMode = "adaptive"  # the default when a request leaves it unspecified
     num_speculative_tokens: int = 4  # fixed K; the starting K of the heuristic
@@ -147,7 +147,9 @@ class OrchestratorService:
     def limits(self) -> GenerationLimits:
         infos = [r.info for pool in (self.target_pool, self.draft_pool)
                  for r in pool.replicas.values() if r.info is not None and not r.refused]
-        target_infos = [r.info for r in self.target_pool.replicas.values() if r.info is not None]
+        target_infos = [r.info for r in self.target_pool.replicas.values() if r.info is not None and not r.refused]
+        if not target_infos:  # discovery may list none for a while (a pool scaled to zero, a rollout)
+            raise Unavailable("no target replica is in the pool")
         eos = {t for info in target_infos for t in info.eos_token_ids}
         return GenerationLimits(
             max_context=min(info.max_context for info in infos),
