@@ -75,8 +75,8 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
 
 
 def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft", required=True, help="draft replicas: host:port[,host:port]")
-    parser.add_argument("--target", required=True, help="target replicas: host:port[,host:port]")
+    parser.add_argument("--draft", required=True, help="draft replicas: host:port[,host:port], dns:///name:port or k8s://namespace/service:port")
+    parser.add_argument("--target", required=True, help="target replicas: host:port[,host:port], dns:///name:port or k8s://namespace/service:port")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="tokenizer directory (default: fetched from a target replica)")
     add_speculation_flags(parser)
