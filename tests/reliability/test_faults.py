@@ -9,10 +9,7 @@ short, so orphaned sessions are reclaimed while the test watches."""
 from __future__ import annotations
 
 import signal
-import threading
-import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -31,7 +28,10 @@ MAX_QUEUE = 64  # forward passes a service queues; Info's load is the queued sha
 STREAM_SECONDS = 900  # a stream's deadline: only a hang comes near it
 PROMPT = [7, 3, 19, 22, 5, 14, 30, 11]
 FIXED_K3 = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=3)
-FAULTS: Counter = Counter()  # injected and survived, for FIGURES.md
+
+
+def survived(fault: str) -> None:
+    print(f"\nfault injected and survived: {fault}")
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_idle_sessions_expire_after_the_ttl(cluster):
             draft_stub.Propose(draft_pb2.ProposeRequest(handle=draft_handle, num_speculative_tokens=2),
                                timeout=CALL_SECONDS)
         assert raised.value.code() == grpc.StatusCode.NOT_FOUND
-    assert "expired after" in target.output()
+    eventually(lambda: "expired after" in target.output(), "the expiry is logged")
 
 
 # -- a stalled target, a killed target ----------------------------------------------------------
@@ -172,7 +172,7 @@ def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster
     assert stream.token_ids == expected
     assert stats.re_prefills >= 1, stats
     assert stats.target_replica == other.replica_id, stats
-    FAULTS[f"target {'stalled (SIGSTOP)' if fault == 'stall' else 'killed (kill -9)'} mid-stream"] += 1
+    survived(f"target {'stalled (SIGSTOP)' if fault == 'stall' else 'killed (kill -9)'} mid-stream")
     if fault == "kill":
         lost.start()  # back on the same port
     # The session left behind on the lost replica is released or reclaimed by its TTL.
@@ -185,7 +185,7 @@ def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster
 def test_draft_killed_mid_stream_goes_on_at_k0_and_speculation_resumes_when_it_is_back(cluster):
     settled(cluster)
     draft, orchestrator = cluster["draft"], cluster["orchestrator"]
-    stream = Stream(cluster, max_new_tokens=3000).read(10)
+    stream = Stream(cluster, max_new_tokens=1500).read(10)
     draft.kill()
     stream.read(20)  # rounds at K = 0, without an error
     # The orchestrator is paused while the draft restarts, so that the stream is still running
@@ -204,7 +204,7 @@ def test_draft_killed_mid_stream_goes_on_at_k0_and_speculation_resumes_when_it_i
     assert back, f"no drafted round after the draft came back: {k_per_round}"
     assert all(k == 0 for k in k_per_round[first_k0:back[0]])
     assert sum(k_per_round[back[0]:]) > 0 and stats.drafted_tokens > sum(k_per_round[:first_k0])
-    FAULTS["draft killed (kill -9) mid-stream, restarted"] += 1
+    survived("draft killed (kill -9) mid-stream, restarted")
     settled(cluster)
 
 
@@ -230,7 +230,7 @@ def test_killed_orchestrator_gives_clients_unavailable_and_ttl_reclaims_its_sess
     eventually(lambda: all(c == (0, 0) for c in sessions_and_tokens(model_services(cluster))),
                "orphaned sessions reclaimed by the TTL")
     orchestrator.start()  # restarted on the same port, it serves again
-    FAULTS["orchestrator killed (kill -9) mid-stream, restarted"] += 1
+    survived("orchestrator killed (kill -9) mid-stream, restarted")
     settled(cluster)
     assert len(Stream(cluster, max_new_tokens=10).read().token_ids) == 10
 
@@ -312,7 +312,7 @@ def test_sigterm_drains_a_model_service_then_it_exits(cluster, role):
         for session_id in ["kept", *(f"in-flight-{i}" for i in range(12))]:
             stub.Release(common_pb2.ReleaseRequest(session_id=session_id), timeout=CALL_SECONDS)
     assert service.wait() == 0, service.output()[-3000:]
-    FAULTS[f"SIGTERM on a {service.role}, drained"] += 1
+    survived(f"SIGTERM on a {service.role}, drained")
 
 
 def test_sigterm_on_the_orchestrator_finishes_the_stream_in_flight_then_exits(cluster):
@@ -330,4 +330,4 @@ def test_sigterm_on_the_orchestrator_finishes_the_stream_in_flight_then_exits(cl
     stats = stream.finish()
     assert stream.chunks >= 3 and stats.generated_tokens == 200
     assert orchestrator.wait() == 0, orchestrator.output()[-3000:]
-    FAULTS["SIGTERM on the orchestrator, drained"] += 1
+    survived("SIGTERM on the orchestrator, drained")

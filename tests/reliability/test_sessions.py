@@ -33,7 +33,6 @@ CONCURRENT_STREAMS = 24
 STREAM_SECONDS = 600  # a stream's deadline: only a hang comes near it, even with 24 at once
 SPECULATION = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2)
 RSS_TOLERANCE = 0.10
-FIGURES: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
@@ -134,31 +133,40 @@ def _rss_of(services: list[Service]) -> dict[str, int]:
     return {address: int(statistics.median(values)) for address, values in samples.items()}
 
 
-def test_cancelled_requests_leave_no_sessions_no_cached_tokens_and_no_memory(cluster):
+def test_cancelled_requests_leave_no_session_and_no_cached_token(cluster):
+    """The quick version: a hundred cancellations, counters only."""
+    outcomes = asyncio.run(_cancel_many(cluster["orchestrator"].address, 100, seed=1))
+    assert set(outcomes) <= {"CANCELLED", "OK"} and outcomes["CANCELLED"] >= 100, outcomes
+    wait_for_no_sessions(cluster)
+
+
+@pytest.mark.slow
+def test_a_thousand_cancelled_requests_leave_no_cache_and_no_memory(cluster):
     address = cluster["orchestrator"].address
     watched = [*model_services(cluster), cluster["orchestrator"]]
 
-    warmup = asyncio.run(_cancel_many(address, WARMUP_REQUESTS, seed=1))
+    warmup = asyncio.run(_cancel_many(address, WARMUP_REQUESTS, seed=2))
     assert warmup["CANCELLED"] >= WARMUP_REQUESTS, warmup
     wait_for_no_sessions(cluster)
     baseline = _rss_of(watched)
 
-    outcomes = asyncio.run(_cancel_many(address, CANCELLED_REQUESTS, seed=2))
-    # Only cancellations and a few streams that finished first (a sampled EOS) are expected.
+    started = time.monotonic()
+    outcomes = asyncio.run(_cancel_many(address, CANCELLED_REQUESTS, seed=3))
+    # Only cancellations, and the few streams that ended first (the target sampled EOS).
     assert set(outcomes) <= {"CANCELLED", "OK"}, outcomes
     assert outcomes["CANCELLED"] >= CANCELLED_REQUESTS
 
     left = wait_for_no_sessions(cluster)
     after = _rss_of(watched)
-    growth = {a: after[a] / baseline[a] - 1 for a in baseline}
-    FIGURES.update(cancelled=outcomes["CANCELLED"], completed_first=outcomes["OK"],
-                   sessions_and_tokens_left=left, rss_growth=growth,
-                   rss_baseline_mib={a: round(b / 2**20) for a, b in baseline.items()})
-    print(f"\ncancellation: {dict(outcomes)}; left {left}; RSS growth "
-          + ", ".join(f"{a} {g:+.1%}" for a, g in growth.items()))
-    for service in model_services(cluster):
-        assert growth[service.address] <= RSS_TOLERANCE, (service.role, service.address, growth)
-    assert cluster["orchestrator"].alive and all(s.alive for s in model_services(cluster))
+    growth = {f"{s.role} {s.replica_id or s.address}": after[s.address] / baseline[s.address] - 1
+              for s in watched}
+    print(f"\ncancellation: {dict(outcomes)} in {time.monotonic() - started:.0f} s; "
+          f"(live sessions, cached tokens) left {left}; RSS vs baseline "
+          + ", ".join(f"{name} {g:+.1%} (of {baseline[s.address] / 2**20:.0f} MiB)"
+                      for (name, g), s in zip(growth.items(), watched)))
+    for name, service in zip(growth, watched[:-1]):  # the model services
+        assert growth[name] <= RSS_TOLERANCE, (name, growth)
+    assert all(s.alive for s in watched)
 
 
 # -- admission ----------------------------------------------------------------------------------
@@ -216,8 +224,10 @@ def test_session_budget_refuses_new_sessions_keeps_old_ones_and_the_orchestrator
         time.sleep(1.5)  # three pool refreshes, so the orchestrator's view of the loads is current
         last = _generate(cluster, speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF))
         assert last.stats.target_replica == "target-b", last.stats
-        log = cluster["orchestrator"].output()
-        assert f"target replica {a.address} refused session" in log and "RESOURCE_EXHAUSTED" in log, log[-3000:]
+        refusal = f"target replica {a.address} refused session"
+        eventually(lambda: any(refusal in line and "RESOURCE_EXHAUSTED" in line
+                               for line in cluster["orchestrator"].output().splitlines()),
+                   "the orchestrator logs A's refusal before it moves to B")
 
         # Sessions admitted before are unaffected: each can still verify.
         with grpc.insecure_channel(a.address) as channel:
@@ -241,7 +251,6 @@ def test_session_budget_refuses_new_sessions_keeps_old_ones_and_the_orchestrator
         _release(a, held_a)
         _release(b, held_b)
     wait_for_no_sessions(cluster)
-    FIGURES["admission"] = "session budget: refused with RESOURCE_EXHAUSTED, moved to replica B"
 
 
 def test_cached_token_budget_refuses_a_session_that_does_not_fit(cluster):
