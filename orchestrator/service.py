@@ -198,9 +198,13 @@ class OrchestratorService:
             k = self.config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
             return HeuristicK(initial_num_speculative_tokens=max(1, min(k, limit)), k_max=limit)
         k_max = self.config.max_num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-        controller = replace(self.config.controller, k_max=min(k_max, limit))
-        controller = replace(controller, initial_num_speculative_tokens=min(
-            controller.initial_num_speculative_tokens, controller.k_max))
+        k_max = min(k_max, limit)
+        if k_max == 0:
+            return FixedK(0)  # a cap of 0 leaves nothing to adapt: target-only decoding
+        base = self.config.controller
+        controller = replace(base, k_max=k_max,
+                             initial_num_speculative_tokens=min(base.initial_num_speculative_tokens, k_max),
+                             probe_num_speculative_tokens=min(base.probe_num_speculative_tokens, k_max))
         return AdaptiveKController(controller, priors=self.controller_priors)
 
     def generate(

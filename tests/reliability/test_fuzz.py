@@ -288,11 +288,6 @@ def test_an_oversize_request_is_refused_with_resource_exhausted(cluster, channel
         assert "larger than max" in raised.value.details(), raised.value.details()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG orchestrator/service.py OrchestratorService.policy: adaptive mode with "
-    "num_speculative_tokens below the controller's starting K (4) calls "
-    "dataclasses.replace(controller, k_max=...) before lowering initial_num_speculative_tokens, "
-    "and with 0 sets k_max=0; KControllerConfig raises ValueError and the client gets UNKNOWN"))
 @pytest.mark.parametrize("cap", [0, 2])
 def test_adaptive_mode_with_a_small_k_cap(cluster, channels, cap):
     request = pb.GenerateRequest(prompt_token_ids=[5, 9, 13], max_new_tokens=4, speculation=pb.SpeculationConfig(
