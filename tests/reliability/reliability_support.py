@@ -21,6 +21,12 @@ START_SECONDS = 300  # a process's start (torch import, model load) on a loaded 
 WAIT_SECONDS = 120  # any "eventually" in these tests; only a bug comes near it
 CALL_SECONDS = 60  # one RPC; only a hang comes near it
 
+# The plain cluster (conftest.py): target replica A has a small budget, B the defaults.
+PLAIN_TTL_SECONDS = 3600  # an hour: expiry cannot hide a leak
+A_MAX_SESSIONS = 16
+A_MAX_CACHED_TOKENS = 20_000
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
 
 def eventually(condition: Callable[[], object], what: str, timeout: float = WAIT_SECONDS,
                interval: float = 0.05) -> object:

@@ -24,6 +24,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 TTL_SECONDS = 8
 STEP_TIMEOUT_SECONDS = 3  # a Verify or Propose stalled this long is a failed replica
+IN_FLIGHT_CALLS = 16  # long prefills queued when SIGTERM lands
 MAX_QUEUE = 64  # forward passes a service queues; Info's load is the queued share of it
 STREAM_SECONDS = 900  # a stream's deadline: only a hang comes near it
 PROMPT = [7, 3, 19, 22, 5, 14, 30, 11]
@@ -260,7 +261,7 @@ def test_sigterm_drains_a_model_service_then_it_exits(cluster, role):
         kind = target_pb2.TargetPrefillRequest if service.role == "target" else draft_pb2.DraftPrefillRequest
         handle = stub.Prefill(kind(session_id="kept", token_ids=PROMPT), timeout=CALL_SECONDS).handle
         # Long prefills queue up on the model worker: calls in flight when the signal lands.
-        calls = [_prefill_async(service, f"in-flight-{i}", 3000) for i in range(12)]
+        calls = [_prefill_async(service, f"in-flight-{i}", 4000) for i in range(IN_FLIGHT_CALLS)]
         in_flight = eventually(lambda: round(info(service).load * MAX_QUEUE) or None,
                                "prefills queued on the worker")
         service.signal(signal.SIGTERM)
@@ -309,7 +310,7 @@ def test_sigterm_drains_a_model_service_then_it_exits(cluster, role):
         assert set(outcomes) <= {"OK", "UNAVAILABLE"}, outcomes  # refused only if it came late
         assert outcomes["OK"] >= in_flight, (outcomes, in_flight)
         assert service.alive, "it waits for the sessions it holds"
-        for session_id in ["kept", *(f"in-flight-{i}" for i in range(12))]:
+        for session_id in ["kept", *(f"in-flight-{i}" for i in range(IN_FLIGHT_CALLS))]:
             stub.Release(common_pb2.ReleaseRequest(session_id=session_id), timeout=CALL_SECONDS)
     assert service.wait() == 0, service.output()[-3000:]
     survived(f"SIGTERM on a {service.role}, drained")
@@ -318,7 +319,7 @@ def test_sigterm_drains_a_model_service_then_it_exits(cluster, role):
 def test_sigterm_on_the_orchestrator_finishes_the_stream_in_flight_then_exits(cluster):
     orchestrator = cluster["orchestrator"]
     health_address = f"127.0.0.1:{orchestrator.health_port}"
-    stream = Stream(cluster, max_new_tokens=200, speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF))
+    stream = Stream(cluster, max_new_tokens=1000, speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF))
     stream.read(3)
     orchestrator.signal(signal.SIGTERM)
     eventually(lambda: health_status(health_address) == "NOT_SERVING", "NOT_SERVING on the health port")
@@ -328,6 +329,6 @@ def test_sigterm_on_the_orchestrator_finishes_the_stream_in_flight_then_exits(cl
                                                     timeout=CALL_SECONDS))
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
     stats = stream.finish()
-    assert stream.chunks >= 3 and stats.generated_tokens == 200
+    assert stream.chunks >= 3 and stats.generated_tokens == 1000
     assert orchestrator.wait() == 0, orchestrator.output()[-3000:]
     survived("SIGTERM on the orchestrator, drained")

@@ -5,7 +5,7 @@ message, raw random bytes). Every call gets a defined status, never INTERNAL or 
 processes keep their PIDs; a good request works afterwards; an oversize request is refused with
 RESOURCE_EXHAUSTED.
 
-Cluster: one target, one draft, one orchestrator, started through the CLI."""
+Cluster: the plain cluster of conftest.py, started through the CLI."""
 
 from __future__ import annotations
 
@@ -16,14 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reliability_support import CALL_SECONDS, Service, eventually, info, start_all, stop_all
+from reliability_support import CALL_SECONDS, MAX_MESSAGE_BYTES, eventually, info
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 
 ALLOWED = {"OK", "INVALID_ARGUMENT", "OUT_OF_RANGE", "NOT_FOUND", "ABORTED", "FAILED_PRECONDITION",
            "RESOURCE_EXHAUSTED"}
 EXAMPLES = 120  # per RPC, and as many raw-bytes calls
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                 HealthCheck.function_scoped_fixture])
@@ -32,22 +31,11 @@ PREFILLED: set[tuple[str, str]] = set()  # (service role, session id) of every P
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_pair):
-    limits = ["--max-message-bytes", str(MAX_MESSAGE_BYTES)]
-    services = {
-        "target": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-0", *limits]),
-        "draft": Service("draft", ["--model", str(tiny_pair.draft_dir), "--replica-id", "draft-0", *limits]),
-    }
-    try:
-        start_all(services.values())
-        services["orchestrator"] = Service("orchestrator", [
-            "--target", services["target"].address, "--draft", services["draft"].address, *limits,
-        ]).start()
-        services["pids"] = {role: s.pid for role, s in services.items()}
-        yield services
-    finally:
-        codes = stop_all(reversed([s for s in services.values() if isinstance(s, Service)]))
-        assert all(code == 0 for code in codes.values()), codes
+def cluster(plain_cluster):
+    """Direct calls go to target replica B (the default budget), the draft and the orchestrator."""
+    services = {"target": plain_cluster["target_b"], "draft": plain_cluster["draft"],
+                "orchestrator": plain_cluster["orchestrator"]}
+    return {**services, "pids": {role: s.pid for role, s in services.items()}}
 
 
 @pytest.fixture(scope="module")
@@ -174,26 +162,17 @@ distribution = st.builds(
     st.lists(token_id, max_size=80), st.lists(floats, max_size=80))
 
 
-def _not_the_known_adaptive_k_bug(config: pb.SpeculationConfig) -> bool:
-    """Adaptive mode with a K cap below the server's starting K fails with UNKNOWN (a ValueError
-    out of OrchestratorService.policy); test_adaptive_mode_with_a_small_k_cap pins it. Left out
-    here until it is fixed, so the fuzzing can look for everything else."""
-    mode = config.mode or pb.SPECULATION_MODE_ADAPTIVE  # the server's default mode is adaptive
-    return not (mode == pb.SPECULATION_MODE_ADAPTIVE and config.HasField("num_speculative_tokens")
-                and 0 <= config.num_speculative_tokens < 4)
-
-
 speculation = st.builds(
     pb.SpeculationConfig, mode=st.one_of(st.integers(0, 4), int32),
     num_speculative_tokens=st.one_of(st.integers(-2, 20), int32),
-).filter(_not_the_known_adaptive_k_bug)
+)
 
 
 def handles(live: list[common_pb2.SessionHandle]):
     """A live handle, one of them mangled, or noise."""
     noise = st.builds(lambda sid, rid, length, epoch: common_pb2.SessionHandle(
         session_id=sid, replica_id=rid, committed_length=length, epoch=epoch),
-        session_ids, st.sampled_from(["target-0", "draft-0", "", "elsewhere"]), uint32, uint64)
+        session_ids, st.sampled_from(["target-b", "target-a", "draft-0", "", "elsewhere"]), uint32, uint64)
     mangled = st.builds(lambda h, length, epoch: common_pb2.SessionHandle(
         session_id=h.session_id, replica_id=h.replica_id,
         committed_length=length if length is not None else h.committed_length,
@@ -290,6 +269,7 @@ def test_an_oversize_request_is_refused_with_resource_exhausted(cluster, channel
 
 @pytest.mark.parametrize("cap", [0, 2])
 def test_adaptive_mode_with_a_small_k_cap(cluster, channels, cap):
+    """Found by the fuzzing: this was UNKNOWN (a ValueError in OrchestratorService.policy)."""
     request = pb.GenerateRequest(prompt_token_ids=[5, 9, 13], max_new_tokens=4, speculation=pb.SpeculationConfig(
         mode=pb.SPECULATION_MODE_ADAPTIVE, num_speculative_tokens=cap))
     assert _send(channels, "/specdec.v1.Orchestrator/Generate", request.SerializeToString()) == "OK"

@@ -2,8 +2,8 @@
 leave no cache and no memory behind, and admission control refuses new sessions past a budget
 while existing ones go on and the orchestrator tries another replica.
 
-Cluster: two target replicas (A with a small session budget, B larger), one draft, one
-orchestrator; TTL an hour, so expiry cannot hide a leak."""
+Cluster: the plain cluster of conftest.py (target replicas A with a small budget and B, a draft,
+an orchestrator; TTL an hour, so expiry cannot hide a leak)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,12 @@ import grpc
 import pytest
 
 from reliability_support import (
-    CALL_SECONDS, Service, eventually, info, model_stub, orchestrator_stub, rss_bytes,
-    sessions_and_tokens, start_all, stop_all,
+    A_MAX_CACHED_TOKENS, A_MAX_SESSIONS, CALL_SECONDS, Service, eventually, info, model_stub,
+    orchestrator_stub, rss_bytes, sessions_and_tokens,
 )
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 
-TTL_SECONDS = 3600
-A_MAX_SESSIONS = 16
-A_MAX_CACHED_TOKENS = 20_000
 PROMPT_TOKENS = 1000  # every cancelled session holds at least this many tokens on both sides
 CANCELLED_REQUESTS = 1000
 WARMUP_REQUESTS = 60
@@ -36,29 +33,8 @@ RSS_TOLERANCE = 0.10
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_pair):
-    budget = ["--session-ttl", str(TTL_SECONDS), "--grace-seconds", "30"]
-    services = {
-        "target_a": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-a",
-                                       "--max-sessions", str(A_MAX_SESSIONS),
-                                       "--max-cached-tokens", str(A_MAX_CACHED_TOKENS), *budget]),
-        "target_b": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-b",
-                                       *budget]),
-        "draft": Service("draft", ["--model", str(tiny_pair.draft_dir), "--replica-id", "draft-0",
-                                   *budget]),
-    }
-    try:
-        start_all(services.values())
-        services["orchestrator"] = Service("orchestrator", [
-            # A first: with equal loads the orchestrator tries it first.
-            "--target", f"{services['target_a'].address},{services['target_b'].address}",
-            "--draft", services["draft"].address, "--pool-refresh-seconds", "0.5",
-            "--num-speculative-tokens", "3",
-        ]).start()
-        yield services
-    finally:
-        codes = stop_all(reversed(list(services.values())))
-        assert all(code == 0 for code in codes.values()), codes
+def cluster(plain_cluster):
+    return plain_cluster
 
 
 def model_services(cluster) -> list[Service]:
