@@ -45,16 +45,7 @@ def _parse_or_fail(parser, args: list[str], what: str) -> None:
     [
         pytest.param([], id="plain"),
         pytest.param(["--set", "discovery=dns"], id="dns"),
-        # Strict: once the orchestrator gains the flag this passes, fails as XPASS, and the mark
-        # must go.
-        pytest.param(
-            ["--set", "auth.existingSecret=token"], id="auth",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="`specdec serve orchestrator` has no --auth-token-file yet (the chart "
-                       "passes it when auth.existingSecret is set)",
-            ),
-        ),
+        pytest.param(["--set", "auth.existingSecret=token"], id="auth"),
     ],
 )
 def test_rendered_args_parse_with_the_real_cli(helm, cli_parser, value_set, extra):
