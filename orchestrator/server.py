@@ -32,6 +32,7 @@ async def serve(config: OrchestratorConfig, server_config: ServerConfig) -> None
     gate = CallGate()
     server_config = dataclasses.replace(server_config, interceptors=(*server_config.interceptors, gate))
     running = RunningServer(server_config, [SERVICE_NAME])
+    running.catch_signals()
     await running.start_health()
     running, service = await start(config, server_config, running)
     print(f"READY orchestrator {server_config.host}:{running.port} health={running.health_port} "

@@ -194,6 +194,8 @@ class RunningServer:
         self._health_servers: list[grpc.aio.Server] = []  # the plaintext health port's
         self.port = 0
         self.health_port: int | None = None
+        self._stop_requested = asyncio.Event()
+        self._catching_signals = False
 
     async def start_health(self) -> None:
         """Health first, NOT_SERVING, so probes answer while the model loads."""
@@ -245,13 +247,20 @@ class RunningServer:
         await asyncio.gather(*(s.stop(left) for s in self._servers))
         await asyncio.gather(*(s.stop(0) for s in self._health_servers))
 
-    async def wait_for_signal(self, drain: Callable[[float], Awaitable[object]] | None = None) -> None:
-        """Blocks until SIGTERM or SIGINT, then stops gracefully."""
-        stop = asyncio.Event()
+    def catch_signals(self) -> None:
+        """From now on SIGTERM and SIGINT ask for a graceful stop. Call it first thing in a server
+        process: a signal that lands before the handler is installed (say, between the READY line
+        and wait_for_signal) kills the process outright."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+            loop.add_signal_handler(sig, self._stop_requested.set)
+        self._catching_signals = True
+
+    async def wait_for_signal(self, drain: Callable[[float], Awaitable[object]] | None = None) -> None:
+        """Blocks until SIGTERM or SIGINT (at once if one came earlier), then stops gracefully."""
+        if not self._catching_signals:
+            self.catch_signals()
+        await self._stop_requested.wait()
         log.info("signal received: draining for up to %.0f s", self.config.grace_seconds)
         await self.stop(drain)
 
@@ -268,6 +277,7 @@ async def serve_model_until_signal(
     SIGTERM / SIGINT the service drains (no new sessions; existing ones finish), the server stops,
     and the service's worker and expiry stop."""
     running = RunningServer(server_config, [service_name])
+    running.catch_signals()  # a SIGTERM while the model loads stops the process cleanly after it
     await running.start_health()
     loaded = await asyncio.to_thread(load)
     service = await start(loaded, running)
