@@ -116,6 +116,9 @@ def test_pool_services_are_headless_and_orchestrator_service_is_not(rendered_set
     assert orchestrator["spec"]["type"] == values["orchestrator"]["service"]["type"]
 
 
+METRICS_PORT = 9090
+
+
 @value_sets
 def test_all_probes_are_grpc_on_the_plaintext_health_port(rendered_sets, value_set):
     rendered = rendered_sets[value_set]
@@ -123,8 +126,12 @@ def test_all_probes_are_grpc_on_the_plaintext_health_port(rendered_sets, value_s
         container = rendered.container(component)
         service_port, health_port = PORTS[component]
         ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-        assert ports == {"grpc": service_port, "health": health_port}
+        expected = {"grpc": service_port, "health": health_port}
         args = container["args"]
+        if component != "orchestrator":  # the pools export specdec_active_sessions for the HPAs
+            expected["metrics"] = METRICS_PORT
+            assert _arg(args, "--metrics-port") == str(METRICS_PORT)
+        assert ports == expected
         assert _arg(args, "--port") == str(service_port)
         assert _arg(args, "--health-port") == str(health_port)
 

@@ -12,6 +12,10 @@ them agreeing. Only the orchestrator's public Service port is a value.
 {{- if eq . "orchestrator" }}50060{{ else }}50061{{ end }}
 {{- end }}
 
+{{- /* Prometheus /metrics of the model pools (specdec_active_sessions, read by the HPAs
+through a metrics adapter). */ -}}
+{{- define "specdec.metricsPort" -}}9090{{- end }}
+
 {{- define "specdec.tlsMountPath" -}}/etc/specdec/tls{{- end }}
 {{- define "specdec.authMountPath" -}}/etc/specdec/auth{{- end }}
 

@@ -126,6 +126,8 @@ spec:
             - {{ $values.sessionTtlSeconds | quote }}
             - --max-num-speculative-tokens
             - {{ $values.maxNumSpeculativeTokens | quote }}
+            - --metrics-port
+            - {{ include "specdec.metricsPort" . | quote }}
             {{- with include "specdec.tlsArgs" $root }}{{ . | trim | nindent 12 }}{{ end }}
           env:
             {{- include "specdec.env" $root | nindent 12 }}
@@ -135,6 +137,9 @@ spec:
               protocol: TCP
             - name: health
               containerPort: {{ include "specdec.healthPort" .component }}
+              protocol: TCP
+            - name: metrics
+              containerPort: {{ include "specdec.metricsPort" . }}
               protocol: TCP
           {{- include "specdec.probes" . | nindent 10 }}
           {{- with include "specdec.lifecycle" . }}{{ . | trim | nindent 10 }}{{ end }}
