@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
 
+from specdec.rpc.auth import bearer_metadata, load_token
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -36,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with token_ids, text, finish_reason and stats")
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline in seconds")
+    parser.add_argument("--auth-token-file", type=Path, default=None,
+                        help="bearer token of the API (default: $SPECDEC_AUTH_TOKEN if set)")
+    parser.add_argument("--tls-ca", type=Path, default=None,
+                        help="PEM CA that signed the orchestrator's certificate (enables TLS)")
+    parser.add_argument("--tls-cert", type=Path, default=None, help="client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="client private key (mutual TLS)")
     parser.set_defaults(func=run)
 
 
@@ -65,15 +73,29 @@ def build_request(args: argparse.Namespace) -> pb.GenerateRequest:
     return request
 
 
+def open_client_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext, or TLS when --tls-ca is given (with a client certificate for mutual TLS)."""
+    if args.tls_ca is None:
+        return grpc.insecure_channel(args.orchestrator)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=args.tls_ca.read_bytes(),
+        private_key=args.tls_key.read_bytes() if args.tls_key else None,
+        certificate_chain=args.tls_cert.read_bytes() if args.tls_cert else None,
+    )
+    return grpc.secure_channel(args.orchestrator, credentials)
+
+
 def run(args: argparse.Namespace) -> int:
     request = build_request(args)
     token_ids: list[int] = []
     text = []
     last = None
+    token = load_token(args.auth_token_file)
+    metadata = bearer_metadata(token) if token else None
     try:
-        with grpc.insecure_channel(args.orchestrator) as channel:
+        with open_client_channel(args) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            for response in stub.Generate(request, timeout=args.timeout):
+            for response in stub.Generate(request, timeout=args.timeout, metadata=metadata):
                 token_ids.extend(response.token_ids)
                 text.append(response.text)
                 if not args.json:
