@@ -129,13 +129,16 @@ def sweep(stub, prompts, temperatures, schedules, max_new_tokens) -> list[Run]:
     return runs
 
 
+def rate(runs: list[Run], temperature: float, schedule: str, kinds=None) -> float:
+    """Summed tokens / summed seconds of one schedule's runs (optionally of some task kinds)."""
+    chosen = [r for r in runs if r.temperature == temperature and r.schedule == schedule
+              and (kinds is None or r.kind in kinds)]
+    return sum(r.generated for r in chosen) / sum(r.seconds for r in chosen)
+
+
 def ratio(runs: list[Run], temperature: float, schedule: str, kinds=None) -> float:
-    """Summed tokens / summed seconds of a schedule over summed target-only, same prompts."""
-    def rate(name):
-        chosen = [r for r in runs if r.temperature == temperature and r.schedule == name
-                  and (kinds is None or r.kind in kinds)]
-        return sum(r.generated for r in chosen) / sum(r.seconds for r in chosen)
-    return rate(schedule) / rate("off")
+    """A schedule's rate over target-only's, on the same prompts."""
+    return rate(runs, temperature, schedule, kinds) / rate(runs, temperature, "off", kinds)
 
 
 def measured_model(runs: list[Run], k_for_alpha: int = 4) -> dict:
@@ -257,7 +260,7 @@ def main(argv=None) -> int:
         "speedup_code_explanation": {
             str(t): {s: ratio(runs, t, s, kinds=("code", "explanation")) for s in schedules if s != "off"}
             for t in temperatures},
-        "target_only_tps": {str(t): ratio_base(runs, t) for t in temperatures},
+        "target_only_tps": {str(t): rate(runs, t, "off") for t in temperatures},
         "tau": {str(t): {s: tau(runs, t, s) for s in schedules if s.startswith("k=")} for t in temperatures},
         "model": measured_model(runs) if 0.0 in temperatures and 4 in ks else {},
         "concurrency": streams,
@@ -279,11 +282,6 @@ def main(argv=None) -> int:
         print(f"\nGREEDY OUTPUT MISMATCHES: {mismatches}")
         return 1
     return 0
-
-
-def ratio_base(runs, temperature) -> float:
-    chosen = [r for r in runs if r.temperature == temperature and r.schedule == "off"]
-    return sum(r.generated for r in chosen) / sum(r.seconds for r in chosen)
 
 
 def tau(runs, temperature, schedule) -> float:

@@ -3,7 +3,7 @@
 Sources: the docstrings and signatures of public functions and classes in a fixed list of standard
 library modules (read with `inspect`, nothing executed beyond import), turned into code, explanation
 and translation requests; and general chat requests from templates. The set is deterministic for a
-given Python version and seed, and disjoint from benchmarks/prompts.py (a test checks).
+given Python version and seed, and disjoint from specdec/prompt_sets.py (a test checks).
 """
 
 from __future__ import annotations
