@@ -67,8 +67,9 @@ class OrchestratorService:
         self.target_pool = ReplicaPool("target", make_source(config.target), config.pool, self._check)
         self.draft_pool = ReplicaPool("draft", make_source(config.draft), config.pool, self._check)
         self.tokenizer = None
-        # Pool-wide estimates that seed each new session's controller.
-        self.controller_priors = ControllerPriors()
+        # Pool-wide estimates that seed each new session's controller, kept apart for greedy and
+        # sampled requests: their acceptance rates differ (timings are learnt in both).
+        self.controller_priors = {"greedy": ControllerPriors(), "sampled": ControllerPriors()}
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -179,9 +180,11 @@ class OrchestratorService:
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return tuple(int(t) for t in ids)
 
-    def policy(self, mode: SpeculationMode | None, num_speculative_tokens: int | None) -> KPolicy:
+    def policy(self, mode: SpeculationMode | None, num_speculative_tokens: int | None,
+               greedy: bool = True) -> KPolicy:
         """The K policy of one request. num_speculative_tokens: fixed K, the heuristic's start, or
-        the adaptive controller's cap (unset: the server's defaults)."""
+        the adaptive controller's cap (unset: the server's defaults). greedy picks the pool priors
+        an adaptive controller starts from."""
         mode = mode or self.config.speculation
         limit = self.limits().max_num_speculative_tokens
         if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= limit:
@@ -205,7 +208,8 @@ class OrchestratorService:
         controller = replace(base, k_max=k_max,
                              initial_num_speculative_tokens=min(base.initial_num_speculative_tokens, k_max),
                              probe_num_speculative_tokens=min(base.probe_num_speculative_tokens, k_max))
-        return AdaptiveKController(controller, priors=self.controller_priors)
+        priors = self.controller_priors["greedy" if greedy else "sampled"]
+        return AdaptiveKController(controller, priors=priors)
 
     def generate(
         self,

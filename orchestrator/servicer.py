@@ -38,7 +38,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             raise InvalidInput(f"unknown speculation mode {request.speculation.mode}")
         mode = MODE_OF[request.speculation.mode]
         k = request.speculation.num_speculative_tokens if request.speculation.HasField("num_speculative_tokens") else None
-        policy = self.service.policy(mode, k)
+        sampling = convert.sampling_from_proto(request.sampling, draw_seed=True)
+        policy = self.service.policy(mode, k, greedy=sampling.greedy)
         effective_mode = mode or self.service.config.speculation
         chunks = self.service.generate(
             PromptInput(
@@ -47,7 +48,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                 messages=tuple((m.role, m.content) for m in request.messages),
             ),
             max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
-            sampling=convert.sampling_from_proto(request.sampling, draw_seed=True),
+            sampling=sampling,
             stop=tuple(request.stop),
             policy=policy,
             speculate=effective_mode != "off",

@@ -1,9 +1,10 @@
-"""Distillation prompts, built offline from Python's own documentation plus templated chat.
+"""Distillation prompts, built offline from Python's own documentation plus general requests.
 
 Sources: the docstrings and signatures of public functions and classes in a fixed list of standard
 library modules (read with `inspect`, nothing executed beyond import), turned into code, explanation
-and translation requests; and general chat requests from templates. The set is deterministic for a
-given Python version and seed, and disjoint from specdec/prompt_sets.py (a test checks).
+and translation requests; and everyday code, explanation, chat and translation requests from the
+templates in general_prompts.py. The set is deterministic for a given Python version and seed, and
+disjoint from specdec/prompt_sets.py (a test checks).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import inspect
 import random
 import re
 from dataclasses import dataclass
+
+from specdec.distill.general_prompts import general_prompt
 
 # Imported for their docstrings; chosen to have no import-time side effects.
 STDLIB_MODULES = (
@@ -55,47 +58,6 @@ TRANSLATE_TEMPLATES = (
     "How do you say \"{sentence}\" in {language}?",
 )
 LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese", "Dutch")
-
-CHAT_TEMPLATES = (
-    "Give me {n} tips for {activity}.",
-    "What should I keep in mind when {situation}?",
-    "Write a short {form} about {topic}.",
-    "Can you help me plan {plan}?",
-    "What are the pros and cons of {choice}?",
-    "My friend says {claim}. Is that true?",
-    "Describe {topic} to someone who has never heard of it.",
-    "Suggest {n} ideas for {plan}.",
-)
-CHAT_FILLERS = {
-    "n": ("three", "four", "five"),
-    "activity": ("running a first 5k race", "keeping a tidy desk", "writing clear emails",
-                 "saving money on groceries", "learning to swim", "painting with watercolours",
-                 "starting a vegetable garden", "taking better phone photos", "reading more books",
-                 "staying focused while studying", "hiking in hot weather", "baking bread at home",
-                 "speaking in public", "organising a small library", "learning chess openings"),
-    "situation": ("moving to a new city", "adopting a cat", "buying a used bicycle",
-                  "starting a new job", "travelling alone for the first time",
-                  "choosing a laptop for programming", "renting my first apartment",
-                  "writing a cover letter", "training a puppy", "cooking for a large group"),
-    "form": ("poem", "story", "limerick", "dialogue", "diary entry", "product description"),
-    "topic": ("the ocean at night", "a lighthouse keeper", "autumn leaves", "a robot gardener",
-              "the first snow of winter", "a busy train station", "a lost umbrella",
-              "an old clock tower", "volcanoes", "honeybees", "the moon landing",
-              "a mountain village", "glaciers", "the printing press", "coral reefs"),
-    "plan": ("a picnic in the park", "a family game night", "a study schedule for exams",
-             "a road trip along the coast", "a surprise dinner for my parents",
-             "a week of simple lunches", "a small community clean-up day",
-             "a reading challenge for the summer"),
-    "choice": ("working from home", "electric cars", "living in a big city",
-               "learning two languages at once", "renting versus buying a home",
-               "using a paper notebook instead of an app", "public transport",
-               "owning a dog"),
-    "claim": ("we only use ten percent of our brains", "goldfish have a three-second memory",
-              "lightning never strikes the same place twice", "bats are blind",
-              "the Great Wall of China is visible from space", "bulls hate the colour red",
-              "cracking your knuckles causes arthritis", "carrots improve your night vision"),
-}
-
 
 @dataclass(frozen=True)
 class DocItem:
@@ -150,16 +112,14 @@ def collect_doc_items(modules: tuple[str, ...] = STDLIB_MODULES) -> list[DocItem
     return items
 
 
-def _fill(template: str, rng: random.Random) -> str:
-    fields = {key: rng.choice(values) for key, values in CHAT_FILLERS.items()}
-    return template.format(**fields)
+# Weights of the prompt kinds: general requests (what users ask) outweigh documentation-derived ones.
+KIND_WEIGHTS = (("code", 25), ("explain", 25), ("chat", 20), ("translate", 10),
+                ("doc-code", 10), ("doc-explain", 7), ("doc-translate", 3))
 
 
 def build_prompts(num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]:
-    """`num_prompts` distinct single-turn chat conversations (lists of messages).
-
-    Mix: about 35% code, 35% explanation, 15% translation, 15% chat.
-    """
+    """`num_prompts` distinct single-turn chat conversations (lists of messages), mixed by
+    KIND_WEIGHTS. Fewer come back if the templates run out of distinct texts."""
     rng = random.Random(seed)
     items = collect_doc_items()
     texts: list[str] = []
@@ -170,26 +130,26 @@ def build_prompts(num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]
             seen.add(text)
             texts.append(text)
 
-    kinds = ["code"] * 7 + ["explain"] * 7 + ["translate"] * 3 + ["chat"] * 3
+    kinds = [kind for kind, weight in KIND_WEIGHTS for _ in range(weight)]
     modules = sorted({item.module for item in items})
     attempts = 0
     while len(texts) < num_prompts and attempts < num_prompts * 50:
         attempts += 1
         kind = rng.choice(kinds)
+        if not kind.startswith("doc-"):
+            add(general_prompt(kind, rng))
+            continue
         item = rng.choice(items)
-        if kind == "code":
+        if kind == "doc-code":
             add(rng.choice(CODE_TEMPLATES).format(qualname=item.qualname, module=item.module,
                                                   signature=item.signature or "()"))
-        elif kind == "explain":
+        elif kind == "doc-explain":
             if rng.random() < 0.1:
                 add(rng.choice(MODULE_TEMPLATES).format(module=rng.choice(modules)))
             else:
                 add(rng.choice(EXPLAIN_TEMPLATES).format(qualname=item.qualname,
                                                          module=item.module, doc=item.doc))
-        elif kind == "translate":
-            if 20 <= len(item.first_sentence) <= 140:
-                add(rng.choice(TRANSLATE_TEMPLATES).format(language=rng.choice(LANGUAGES),
-                                                           sentence=item.first_sentence))
-        else:
-            add(_fill(rng.choice(CHAT_TEMPLATES), rng))
+        elif 20 <= len(item.first_sentence) <= 140:
+            add(rng.choice(TRANSLATE_TEMPLATES).format(language=rng.choice(LANGUAGES),
+                                                       sentence=item.first_sentence))
     return [[{"role": "user", "content": text}] for text in texts]

@@ -96,3 +96,18 @@ def test_adaptive_and_heuristic_k_keep_output_identical(stack, references, mode)
         assert last.stats.rounds == len(last.stats.num_speculative_tokens_per_round)
         if mode != pb.SPECULATION_MODE_HEURISTIC:
             assert "alpha" in last.stats.controller_estimates  # the adaptive controller ran
+
+
+def test_adaptive_controllers_learn_greedy_and_sampled_priors_apart(stack):
+    """A sampled request's acceptance must not become the prior of greedy ones (and vice versa)."""
+    from specdec.v1 import common_pb2
+
+    priors = stack.orchestrator.controller_priors
+    greedy_before, sampled_before = priors["greedy"].snapshot(), priors["sampled"].snapshot()
+    request = pb.GenerateRequest(prompt_token_ids=[5, 6, 7, 8], max_new_tokens=MAX_NEW_TOKENS,
+                                 sampling=common_pb2.SamplingParams(temperature=0.8, seed=11),
+                                 speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE))
+    generate(stack.address, request)
+    assert priors["sampled"].snapshot() != sampled_before
+    assert priors["sampled"].snapshot().alpha is not None
+    assert priors["greedy"].snapshot() == greedy_before

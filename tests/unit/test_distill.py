@@ -37,7 +37,7 @@ def test_benchmark_prompt_set_shape():
 
 def test_distill_prompts_are_disjoint_from_demo_and_benchmark_prompts():
     benchmark = _benchmark_prompts().ALL_PROMPTS
-    # 8,000 is what the committed draft's run drew from (num_prompts 4,000, twice for filtering).
+    # 8,000 covers what the committed draft's run drew from (num_prompts, twice for filtering).
     distill = [_normalise(m[-1]["content"]) for m in build_prompts(8000, seed=0)]
     distill_set = set(distill)
     joined = "\n".join(distill)
@@ -45,6 +45,28 @@ def test_distill_prompts_are_disjoint_from_demo_and_benchmark_prompts():
         assert _normalise(prompt.text) not in distill_set, prompt.name
         for quoted in re.findall(r'"([^"]+)"', prompt.text):  # translation sentences
             assert _normalise(quoted) not in joined, prompt.name
+
+
+# The benchmark's and the demo's topics (specdec/prompt_sets.py): the general prompts steer clear of
+# them, not only of their exact texts, so the draft is not trained on near-copies of what is measured.
+BENCHMARK_TOPICS = ("palindrome", "fibonacci", "word count", "counts how often each word", "binary search",
+                    "stack", "celsius", "fahrenheit", "fizzbuzz", "reverses the order", "hash table",
+                    "internet", "seasons", "vaccine", "big o", "inflation", "recursion", "photosynthesis",
+                    "sleep", "birthday", "guitar", "interview", "houseplant", "dinner i can cook")
+
+
+def test_general_distill_prompts_avoid_the_benchmark_topics():
+    import random as random_module
+
+    from specdec.distill.general_prompts import general_prompt
+
+    rng = random_module.Random(0)
+    texts = {general_prompt(kind, rng).lower() for kind in ("code", "explain", "chat", "translate")
+             for _ in range(3000)}
+    assert len(texts) > 2000  # enough distinct prompts for the default run's 2,400-odd answers
+    for topic in BENCHMARK_TOPICS:
+        pattern = re.compile(rf"\b{re.escape(topic)}\b")  # whole words: "sleeps on the sofa" is fine
+        assert not [t for t in texts if pattern.search(t)], topic
 
 
 def test_distill_prompts_are_deterministic_and_distinct():
