@@ -47,11 +47,9 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 def prompt_sets() -> ModuleType:
-    """The fixed prompt sets (BENCHMARK_PROMPTS, TASK_KINDS, ...), wherever they live now."""
-    try:
-        from specdec import prompt_sets as module
-    except ImportError:
-        from benchmarks import prompts as module  # the earlier location
+    """The fixed prompt sets (BENCHMARK_PROMPTS, TASK_KINDS, ...)."""
+    from specdec import prompt_sets as module
+
     return module
 
 

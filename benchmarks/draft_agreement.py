@@ -1,0 +1,87 @@
+"""How well drafts predict the target on the benchmark's prompts (issue 3), per task kind.
+
+The target answers every prompt of specdec/prompt_sets.py greedily (batched, in-process); each draft
+is then teacher-forced on those answers, which gives its greedy agreement and τ at K (mean
+committed tokens per round) exactly as `specdec distill` reports them on its own held-out split,
+but on the prompts that the benchmarks and the demo measure. No timing: this is the acceptance side
+of the speedup, free of the machine's noise.
+
+    python benchmarks/draft_agreement.py                               # the default draft
+    python benchmarks/draft_agreement.py --draft old=/tmp/old --draft default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from specdec.distill.data import encode_prompt, generate_examples  # noqa: E402
+from specdec.distill.evaluate import evaluate_held_out  # noqa: E402
+from specdec.prompt_sets import ALL_PROMPTS, TASK_KINDS  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="default", help="'default' or a model directory")
+    parser.add_argument("--draft", action="append", default=None,
+                        help="NAME=DIR or DIR or 'default' (repeatable; default: the default draft)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4, help="K of the τ simulation")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    return parser.parse_args(argv)
+
+
+def _named(spec: str) -> tuple[str, str]:
+    name, _, path = spec.partition("=")
+    return (name, path) if path else (spec, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.distill.recipe import resolve_target
+    from specdec.models import resolve_model_dir
+    from specdec.draft_model import load_draft
+
+    target_dir = resolve_target(args.target)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    prompts = [encode_prompt(tokenizer, list(p.messages)) for p in ALL_PROMPTS]
+    examples = generate_examples(target, tokenizer, prompts, args.max_new_tokens, batch_size=len(prompts),
+                                 top_k=1)
+    by_kind = {kind: [e for p, e in zip(ALL_PROMPTS, examples) if p.kind == kind] for kind in TASK_KINDS}
+    results: dict[str, dict] = {}
+    for name, spec in map(_named, args.draft or ["default"]):
+        draft = load_draft(resolve_model_dir(spec, "draft"), target_dir=target_dir).eval()
+        figures = {kind: evaluate_held_out(draft, group, args.k).to_json() for kind, group in by_kind.items()}
+        figures["all"] = evaluate_held_out(draft, examples, args.k).to_json()
+        results[name] = figures
+    print(f"| draft | {' | '.join(['all', *TASK_KINDS])} |")
+    print(f"|---|{'---|' * (len(TASK_KINDS) + 1)}")
+    for name, figures in results.items():
+        cells = [f"{figures[k]['greedy_agreement']:.3f} / τ {figures[k]['mean_committed_per_round']:.2f}"
+                 for k in ["all", *TASK_KINDS]]
+        print(f"| {name} | {' | '.join(cells)} |")
+    print(f"(greedy agreement / τ at K={args.k}, teacher-forced on the target's greedy answers to the "
+          f"{len(ALL_PROMPTS)} demo and benchmark prompts, ≤{args.max_new_tokens} tokens)")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"k": args.k, "max_new_tokens": args.max_new_tokens,
+                                        "num_prompts": len(ALL_PROMPTS), "drafts": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
