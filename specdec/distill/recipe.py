@@ -103,10 +103,10 @@ def run_distill(config: DistillConfig) -> DistillResult:
     eos = target.generation_config.eos_token_id
     extra = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
     validation: list[Example] = []
-    if config.eval_every_steps:
-        validation, train = train[:config.validation_answers], train[config.validation_answers:]
-        if not train:
-            raise ValueError("no training answers left after taking the validation answers")
+    # Validation answers come out of the training answers; a small run gives up at most a quarter.
+    num_validation = min(config.validation_answers, len(train) // 4) if config.eval_every_steps else 0
+    if num_validation:
+        validation, train = train[:num_validation], train[num_validation:]
     kept_ids = kept_ids_from_examples(train, extra)
     _log(config, f"{len(train)} training answers ({sum(len(e.answer_ids) for e in train)} "
                  f"tokens), {len(held)} held out; head over {kept_ids.numel()} token ids")
