@@ -1,12 +1,8 @@
-"""Helpers for the pool tests: waiting for a condition, streams read in threads, Pools and Info."""
+"""Helpers for the pool tests: streams read in threads, Pools and Info (waiting: tests/waiting.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -15,34 +11,6 @@ import torch
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
-
-WAIT_SECONDS = 120.0  # how long a condition may take before the test fails (never a timing assertion)
-
-
-def eventually(condition: Callable[[], object], what: str, timeout: float = WAIT_SECONDS):
-    """Polls condition until it returns something truthy; fails the test with what if it never does."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-async def eventually_async(condition: Callable[[], object], what: str, timeout: float = WAIT_SECONDS):
-    """eventually, on an event loop; condition may be a coroutine function."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from fake_kube_api import FakeKubeApi, endpoint, endpoint_slice, kubeconfig
 from orchestrator.discovery import Endpoint, make_source, parse_kubernetes
 from orchestrator.k8s_discovery import KubernetesSource, kube_configuration
-from pool_support import eventually_async
+from waiting import eventually_async
 
 NAMESPACE = "llm"
 PORT = 50051

@@ -14,7 +14,7 @@ import stack
 from orchestrator.discovery import Endpoint
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.service import OrchestratorConfig, OrchestratorService
-from pool_support import eventually_async
+from waiting import eventually_async
 from specdec.errors import Unavailable
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2

@@ -32,7 +32,8 @@ from fake_kube_api import FakeKubeApi, endpoint, endpoint_slice, kubeconfig
 from orchestrator.pool import PoolConfig
 from orchestrator.server import start as start_orchestrator
 from orchestrator.service import OrchestratorConfig
-from pool_support import References, eventually, info, pools, start_streams, usable
+from pool_support import References, info, pools, start_streams, usable
+from waiting import eventually
 from specdec.rpc.server import ServerConfig
 from specdec_cli.main import main as specdec_main
 from specdec_cli.processes import ServiceProcess, start_service

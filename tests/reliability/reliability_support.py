@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,20 +25,6 @@ PLAIN_TTL_SECONDS = 3600  # an hour: expiry cannot hide a leak
 A_MAX_SESSIONS = 16
 A_MAX_CACHED_TOKENS = 20_000
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-
-def eventually(condition: Callable[[], object], what: str, timeout: float = WAIT_SECONDS,
-               interval: float = 0.05) -> object:
-    """Polls condition() until it is truthy; fails with `what` after timeout (a hang, not a
-    timing assertion: the bound is far above what a healthy run needs)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(interval)
 
 
 def rss_bytes(pid: int) -> int:

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from reliability_support import (
-    CALL_SECONDS, Service, eventually, health_status, info, model_stub, orchestrator_stub,
+    CALL_SECONDS, Service, health_status, info, model_stub, orchestrator_stub,
     sessions_and_tokens, start_all, stop_all,
 )
+from waiting import eventually
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 

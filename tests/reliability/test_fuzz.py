@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reliability_support import CALL_SECONDS, MAX_MESSAGE_BYTES, eventually, info
+from reliability_support import CALL_SECONDS, MAX_MESSAGE_BYTES, info
+from waiting import eventually
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 

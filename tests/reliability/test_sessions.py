@@ -17,9 +17,10 @@ import grpc
 import pytest
 
 from reliability_support import (
-    A_MAX_CACHED_TOKENS, A_MAX_SESSIONS, CALL_SECONDS, Service, eventually, info, model_stub,
+    A_MAX_CACHED_TOKENS, A_MAX_SESSIONS, CALL_SECONDS, Service, info, model_stub,
     orchestrator_stub, rss_bytes, sessions_and_tokens,
 )
+from waiting import eventually
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 
