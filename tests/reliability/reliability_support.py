@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +149,33 @@ def stop_all(services: Iterable[Service]) -> dict[str, int | None]:
     for thread in threads:
         thread.join()
     return codes
+
+
+@contextmanager
+def two_target_cluster(tiny_pair, model_flags: Sequence[str], orchestrator_flags: Sequence[str],
+                       target_a_flags: Sequence[str] = (), require_clean_exit: bool = True,
+                       ) -> Iterator[dict[str, Service]]:
+    """Target replicas A and B, a draft and an orchestrator that lists A first, started through the
+    CLI; stopped together on exit (each must exit 0 if require_clean_exit)."""
+    services = {
+        "target_a": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-a",
+                                       *target_a_flags, *model_flags]),
+        "target_b": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-b",
+                                       *model_flags]),
+        "draft": Service("draft", ["--model", str(tiny_pair.draft_dir), "--replica-id", "draft-0", *model_flags]),
+    }
+    try:
+        start_all(services.values())
+        services["orchestrator"] = Service("orchestrator", [
+            # A first: with equal loads the orchestrator tries it first.
+            "--target", f"{services['target_a'].address},{services['target_b'].address}",
+            "--draft", services["draft"].address, *orchestrator_flags,
+        ]).start()
+        yield services
+    finally:
+        codes = stop_all(reversed(list(services.values())))
+        if require_clean_exit:
+            assert all(code == 0 for code in codes.values()), codes
 
 
 # -- clients ----------------------------------------------------------------------------------

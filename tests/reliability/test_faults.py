@@ -17,7 +17,7 @@ import torch
 
 from reliability_support import (
     CALL_SECONDS, Service, health_status, info, model_stub, orchestrator_stub,
-    sessions_and_tokens, start_all, stop_all,
+    sessions_and_tokens, two_target_cluster,
 )
 from waiting import eventually
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
@@ -40,22 +40,11 @@ def survived(fault: str) -> None:
 def cluster(tiny_pair):
     common = ["--dtype", "float64", "--session-ttl", str(TTL_SECONDS), "--grace-seconds", "60",
               "--health-port", "0", "--max-queue", str(MAX_QUEUE)]
-    services = {
-        "target_a": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-a", *common]),
-        "target_b": Service("target", ["--model", str(tiny_pair.target_dir), "--replica-id", "target-b", *common]),
-        "draft": Service("draft", ["--model", str(tiny_pair.draft_dir), "--replica-id", "draft-0", *common]),
-    }
-    try:
-        start_all(services.values())
-        services["orchestrator"] = Service("orchestrator", [
-            "--target", f"{services['target_a'].address},{services['target_b'].address}",
-            "--draft", services["draft"].address, "--health-port", "0", "--grace-seconds", "60",
-            "--step-timeout", str(STEP_TIMEOUT_SECONDS), "--control-timeout", "5",
-            "--prefill-timeout", "60", "--pool-refresh-seconds", "0.5",
-        ]).start()
+    orchestrator = ["--health-port", "0", "--grace-seconds", "60", "--step-timeout", str(STEP_TIMEOUT_SECONDS),
+                    "--control-timeout", "5", "--prefill-timeout", "60", "--pool-refresh-seconds", "0.5"]
+    # Faults kill and pause processes on purpose: exit codes say nothing here.
+    with two_target_cluster(tiny_pair, common, orchestrator, require_clean_exit=False) as services:
         yield services
-    finally:
-        stop_all(reversed(list(services.values())))
 
 
 def model_services(cluster) -> list[Service]:
