@@ -8,6 +8,7 @@ Do not edit a prompt without noting it: published figures refer to this set.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 TASK_KINDS = ("code", "explanation", "chat", "translation")
@@ -105,3 +106,31 @@ ALL_PROMPTS: tuple[Prompt, ...] = DEMO_PROMPTS + BENCHMARK_PROMPTS
 
 def prompts_by_kind(kind: str, prompts: tuple[Prompt, ...] = BENCHMARK_PROMPTS) -> list[Prompt]:
     return [p for p in prompts if p.kind == kind]
+
+
+# The topics of the prompts above. Distillation prompts steer clear of them, not only of their exact
+# texts, so the default draft is not trained on near-copies of what is measured.
+TOPICS: tuple[str, ...] = (
+    "palindrome", "fibonacci", "word count", "counts how often each word", "binary search",
+    "stack", "celsius", "fahrenheit", "fizzbuzz", "reverses the order", "hash table", "internet",
+    "seasons", "vaccine", "big o", "inflation", "recursion", "photosynthesis", "sleep", "birthday",
+    "guitar", "interview", "houseplant", "dinner i can cook",
+)
+_TOPIC_PATTERN = re.compile(r"\b(" + "|".join(re.escape(t) for t in TOPICS) + r")s?\b", re.IGNORECASE)
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+_MEASURED_TEXTS = frozenset(_normalise(p.text) for p in ALL_PROMPTS)
+_MEASURED_SENTENCES = tuple(_normalise(s) for p in ALL_PROMPTS for s in re.findall(r'"([^"]+)"', p.text))
+
+
+def overlaps_measured(text: str) -> bool:
+    """Whether `text` is a demo or benchmark prompt, quotes one's sentence, or names a topic of one
+    (whole words, plural "s" included: "stacks" counts, "stackable" does not)."""
+    normalised = _normalise(text)
+    return (normalised in _MEASURED_TEXTS
+            or any(sentence in normalised for sentence in _MEASURED_SENTENCES)
+            or _TOPIC_PATTERN.search(normalised) is not None)

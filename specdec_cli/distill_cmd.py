@@ -24,6 +24,9 @@ def register(subparsers) -> None:
                         help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")
     parser.add_argument("--out", required=True, type=Path, help="output draft directory")
     parser.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
+    parser.add_argument("--written-prompt-fraction", type=float,
+                        default=defaults.written_prompt_fraction,
+                        help="share of prompts the target writes itself (0: templates only)")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens)
     parser.add_argument("--generation-batch-size", type=int,
@@ -55,6 +58,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         target=args.target,
         out_dir=args.out,
         num_prompts=args.num_prompts,
+        written_prompt_fraction=args.written_prompt_fraction,
         max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
         generation_batch_size=args.generation_batch_size,

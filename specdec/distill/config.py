@@ -18,12 +18,14 @@ class DistillConfig:
 
     target: str  # "default" or a Hugging Face directory
     out_dir: Path
-    num_prompts: int = 2400
-    max_new_tokens: int = 128
+    num_prompts: int = 5000
+    written_prompt_fraction: float = 0.5  # share of prompts the target writes itself
+    # (written_prompts.py); the rest come from templates and Python's documentation (prompts.py)
+    max_new_tokens: int = 96
     max_prompt_tokens: int = 384  # prompts longer than this (chat template included) are dropped
-    generation_batch_size: int = 64
+    generation_batch_size: int = 128
     num_layers: int = 2
-    steps: int = 900
+    steps: int = 800
     max_train_seconds: float | None = None  # stop training early; the LR schedule follows whichever
     # of steps or time runs out first
     batch_size: int = 32
@@ -56,6 +58,9 @@ class DistillConfig:
             raise ValueError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.num_prompts < 2:
             raise ValueError("num_prompts must be >= 2 (one for training, one held out)")
+        if not 0.0 <= self.written_prompt_fraction <= 1.0:
+            raise ValueError("written_prompt_fraction must be in [0, 1], got "
+                             f"{self.written_prompt_fraction}")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0.0 <= self.soft_label_weight <= 1.0:

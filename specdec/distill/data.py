@@ -43,6 +43,17 @@ def encode_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     return list(encoded)
 
 
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of token-id lists, left-padded: (input_ids, attention_mask), each (B, longest)."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt):] = 1
+    return input_ids, attention_mask
+
+
 @torch.inference_mode()
 def generate_examples(model, tokenizer, prompts: list[list[int]], max_new_tokens: int,
                       batch_size: int, top_k: int, progress: bool = True) -> list[Example]:
@@ -64,12 +75,8 @@ def generate_examples(model, tokenizer, prompts: list[list[int]], max_new_tokens
     for start in range(0, len(order), batch_size):
         batch_index = order[start:start + batch_size]
         batch = [prompts[i] for i in batch_index]
-        width = max(len(p) for p in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, prompt in enumerate(batch):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt):] = 1
+        input_ids, attention_mask = left_pad(batch, pad_id)
+        width = input_ids.shape[1]
         recorder = _TopKRecorder(top_k)
         output = model.generate(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),

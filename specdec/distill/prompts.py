@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from specdec.distill.general_prompts import general_prompt
+from specdec.prompt_sets import overlaps_measured
 
 # Imported for their docstrings; chosen to have no import-time side effects.
 STDLIB_MODULES = (
@@ -126,7 +127,7 @@ def build_prompts(num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]
     seen: set[str] = set()
 
     def add(text: str) -> None:
-        if text not in seen:
+        if text not in seen and not overlaps_measured(text):
             seen.add(text)
             texts.append(text)
 

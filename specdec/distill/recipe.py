@@ -26,6 +26,7 @@ from specdec.distill.train import (
     prune_head,
     train_draft,
 )
+from specdec.distill.written_prompts import write_prompts
 from specdec.draft_model import save_draft
 
 
@@ -52,15 +53,28 @@ def _log(config: DistillConfig, message: str) -> None:
     print(f"[distill] {message}", flush=True)
 
 
+def build_conversations(config: DistillConfig, target, tokenizer) -> list[list[int]]:
+    """The tokenised distillation prompts: template ones plus ones the target writes itself."""
+    num_written = round(config.num_prompts * config.written_prompt_fraction)
+    written = write_prompts(target, tokenizer, num_written, config.generation_batch_size,
+                            config.seed, progress=config.progress) if num_written else []
+    _log(config, f"the target wrote {len(written)} prompts")
+    texts = set(written)
+    templated = [c for c in build_prompts(config.num_prompts * 2, seed=config.seed)
+                 if c[-1]["content"] not in texts]
+    conversations = [[{"role": "user", "content": text}] for text in written] + templated
+    prompts = [ids for ids in (encode_prompt(tokenizer, c) for c in conversations)
+               if len(ids) <= config.max_prompt_tokens]
+    return prompts[:config.num_prompts]
+
+
 def prepare_examples(config: DistillConfig, target, tokenizer) -> list[Example]:
     """Build and tokenise prompts, then let the target answer them (or load cached answers)."""
     if config.data_path is not None and Path(config.data_path).is_file():
         examples = load_examples(config.data_path)
         _log(config, f"loaded {len(examples)} cached answers from {config.data_path}")
         return examples[:config.num_prompts]
-    conversations = build_prompts(config.num_prompts * 2, seed=config.seed)
-    prompts = [ids for ids in (encode_prompt(tokenizer, c) for c in conversations)
-               if len(ids) <= config.max_prompt_tokens][:config.num_prompts]
+    prompts = build_conversations(config, target, tokenizer)
     _log(config, f"{len(prompts)} prompts; the target answers them (greedy, "
                  f"≤{config.max_new_tokens} new tokens, batches of {config.generation_batch_size})")
     examples = generate_examples(target, tokenizer, prompts, config.max_new_tokens,

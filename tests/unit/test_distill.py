@@ -37,36 +37,64 @@ def test_benchmark_prompt_set_shape():
 
 def test_distill_prompts_are_disjoint_from_demo_and_benchmark_prompts():
     benchmark = _benchmark_prompts().ALL_PROMPTS
-    # 8,000 covers what the committed draft's run drew from (num_prompts, twice for filtering).
-    distill = [_normalise(m[-1]["content"]) for m in build_prompts(8000, seed=0)]
+    # 10,000 covers what the committed draft's run drew from (its template share, twice for filtering).
+    distill = [_normalise(m[-1]["content"]) for m in build_prompts(10000, seed=0)]
     distill_set = set(distill)
     joined = "\n".join(distill)
     for prompt in benchmark:
         assert _normalise(prompt.text) not in distill_set, prompt.name
         for quoted in re.findall(r'"([^"]+)"', prompt.text):  # translation sentences
             assert _normalise(quoted) not in joined, prompt.name
+    for topic in _benchmark_prompts().TOPICS:  # not only the texts: their topics too
+        pattern = re.compile(rf"\b{re.escape(topic)}s?\b")
+        assert not [t for t in distill if pattern.search(t)], topic
 
 
-# The benchmark's and the demo's topics (specdec/prompt_sets.py): the general prompts steer clear of
-# them, not only of their exact texts, so the draft is not trained on near-copies of what is measured.
-BENCHMARK_TOPICS = ("palindrome", "fibonacci", "word count", "counts how often each word", "binary search",
-                    "stack", "celsius", "fahrenheit", "fizzbuzz", "reverses the order", "hash table",
-                    "internet", "seasons", "vaccine", "big o", "inflation", "recursion", "photosynthesis",
-                    "sleep", "birthday", "guitar", "interview", "houseplant", "dinner i can cook")
+def test_overlap_filter_catches_texts_sentences_and_topics():
+    from specdec.prompt_sets import ALL_PROMPTS, overlaps_measured
+
+    assert all(overlaps_measured(p.text) for p in ALL_PROMPTS)
+    assert overlaps_measured('Wie sagt man "The train to Berlin leaves from platform four."?')
+    assert overlaps_measured("Write a class for Stacks of plates")
+    assert overlaps_measured("How do vaccines work?")
+    assert not overlaps_measured("Write a class for stackable crates")  # whole words only
+    assert not overlaps_measured("Explain how a refrigerator keeps food cold.")
 
 
 def test_general_distill_prompts_avoid_the_benchmark_topics():
     import random as random_module
 
     from specdec.distill.general_prompts import general_prompt
+    from specdec.prompt_sets import overlaps_measured
 
     rng = random_module.Random(0)
-    texts = {general_prompt(kind, rng).lower() for kind in ("code", "explain", "chat", "translate")
+    texts = {general_prompt(kind, rng) for kind in ("code", "explain", "chat", "translate")
              for _ in range(3000)}
-    assert len(texts) > 2000  # enough distinct prompts for the default run's 2,400-odd answers
-    for topic in BENCHMARK_TOPICS:
-        pattern = re.compile(rf"\b{re.escape(topic)}\b")  # whole words: "sleeps on the sofa" is fine
-        assert not [t for t in texts if pattern.search(t)], topic
+    assert len(texts) > 2000  # enough distinct prompts for the default run's template share
+    assert not [t for t in texts if overlaps_measured(t)]
+
+
+def test_written_prompts_keep_a_clean_request_and_drop_the_rest():
+    import random as random_module
+
+    from specdec.distill.written_prompts import parse_written, writer_text
+
+    rng = random_module.Random(0)
+    text = writer_text("code", rng)
+    assert text.startswith(("Requests", "Coding", "Things")) and text.endswith("\n4.")
+    assert text.count("\n") == 4
+    assert parse_written("code", " Write a function that adds two numbers.\n5. More", rng) == (
+        "Write a function that adds two numbers.")
+    assert parse_written("code", " Write a function that adds two", rng) is None  # cut off
+    assert parse_written("code", " write something.", rng) is None  # not a sentence start
+    assert parse_written("code", " Do this. 5. Do that. 6. And this.", rng) is None  # run-on list
+    assert parse_written("chat", " What should I do for my birthday?", rng) is None  # measured
+    assert parse_written("explain", " ###########?", rng) is None
+    wrapped = parse_written("translate", " The cat is on the roof.", rng)
+    assert wrapped is not None and "The cat is on the roof." in wrapped
+    assert any(language in wrapped for language in ("French", "Spanish", "German", "Italian",
+                                                    "Portuguese", "Dutch"))
+    assert parse_written("translate", " The cat is on the", rng) is None
 
 
 def test_distill_prompts_are_deterministic_and_distinct():
