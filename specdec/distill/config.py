@@ -13,7 +13,7 @@ class DistillConfig:
     The draft is `num_layers` Llama layers at the target's width, initialised from the target's
     first layers, with the target's embedding frozen and borrowed, and a head over only the token
     ids the target emitted in the training answers. The defaults are the run that made the
-    committed default draft (55 minutes on a 2-core CPU; see its TRAINING.md).
+    committed default draft (77 minutes on a 2-core CPU; see its TRAINING.md).
     """
 
     target: str  # "default" or a Hugging Face directory
@@ -35,7 +35,7 @@ class DistillConfig:
     soft_label_weight: float = 0.5  # weight of the KL term on the target's top-k logits
     soft_label_top_k: int = 8
     holdout_fraction: float = 0.08
-    min_token_count: int = 1  # after training, the head keeps only ids the target emitted at
+    min_token_count: int = 3  # after training, the head keeps only ids the target emitted at
     # least this often in the training answers (training uses every emitted id)
     eval_every_steps: int = 100  # > 0: check a validation set (taken from the training answers)
     # this often and keep the best weights (early stopping against overfitting)
