@@ -116,7 +116,8 @@ TOPICS: tuple[str, ...] = (
     "seasons", "vaccine", "big o", "inflation", "recursion", "photosynthesis", "sleep", "birthday",
     "guitar", "interview", "houseplant", "dinner i can cook",
 )
-_TOPIC_PATTERN = re.compile(r"\b(" + "|".join(re.escape(t) for t in TOPICS) + r")s?\b", re.IGNORECASE)
+_TOPIC_PATTERN = re.compile(r"\b(" + "|".join(re.escape(t) for t in TOPICS) + r")s?\b",
+                            re.IGNORECASE)
 
 
 def _normalise(text: str) -> str:
@@ -124,7 +125,8 @@ def _normalise(text: str) -> str:
 
 
 _MEASURED_TEXTS = frozenset(_normalise(p.text) for p in ALL_PROMPTS)
-_MEASURED_SENTENCES = tuple(_normalise(s) for p in ALL_PROMPTS for s in re.findall(r'"([^"]+)"', p.text))
+_MEASURED_SENTENCES = tuple(_normalise(sentence) for p in ALL_PROMPTS
+                            for sentence in re.findall(r'"([^"]+)"', p.text))
 
 
 def overlaps_measured(text: str) -> bool:

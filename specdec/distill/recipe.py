@@ -53,7 +53,7 @@ def _log(config: DistillConfig, message: str) -> None:
     print(f"[distill] {message}", flush=True)
 
 
-def build_conversations(config: DistillConfig, target, tokenizer) -> list[list[int]]:
+def build_prompt_ids(config: DistillConfig, target, tokenizer) -> list[list[int]]:
     """The tokenised distillation prompts: template ones plus ones the target writes itself."""
     num_written = round(config.num_prompts * config.written_prompt_fraction)
     written = write_prompts(target, tokenizer, num_written, config.generation_batch_size,
@@ -74,7 +74,7 @@ def prepare_examples(config: DistillConfig, target, tokenizer) -> list[Example]:
         examples = load_examples(config.data_path)
         _log(config, f"loaded {len(examples)} cached answers from {config.data_path}")
         return examples[:config.num_prompts]
-    prompts = build_conversations(config, target, tokenizer)
+    prompts = build_prompt_ids(config, target, tokenizer)
     _log(config, f"{len(prompts)} prompts; the target answers them (greedy, "
                  f"≤{config.max_new_tokens} new tokens, batches of {config.generation_batch_size})")
     examples = generate_examples(target, tokenizer, prompts, config.max_new_tokens,

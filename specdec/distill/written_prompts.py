@@ -1,12 +1,12 @@
 """Prompts written by the target itself, for variety the hand-written templates cannot give.
 
 Templates top out at a few thousand near-duplicates, and a draft trained on them learns the
-templates: held-out agreement 0.56 on its own prompts, 0.36 on the benchmark's. So the recipe also
-lets the target write user requests. Asked in chat form ("write a question about X") a 135M model
-mostly talks about the task instead of doing it; continuing a numbered list works: the writer's
-prompt is a plain-text list of three requests drawn from the templates, left open at "4.", and the
-target's sampled continuation up to the end of the line is a new request. Translation requests wrap a
-sentence the target wrote for a phrase-book list.
+templates: held-out agreement 0.56 on its own prompts, 0.36 on the benchmark's (0.39 with these
+prompts added). So the recipe also lets the target write user requests. Asked in chat form ("write
+a question about X") a 135M model mostly talks about the task instead of doing it; continuing a
+numbered list works: the writer's prompt is a plain-text list of three requests drawn from the
+templates, left open at "4.", and the target's sampled continuation up to the end of the line is a
+new request. Translation requests wrap a sentence the target wrote for a phrase-book list.
 
 Written requests that touch the demo's or the benchmark's prompts are dropped (`overlaps_measured`),
 like every distillation prompt.

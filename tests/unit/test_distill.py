@@ -37,7 +37,7 @@ def test_benchmark_prompt_set_shape():
 
 def test_distill_prompts_are_disjoint_from_demo_and_benchmark_prompts():
     benchmark = _benchmark_prompts().ALL_PROMPTS
-    # 10,000 covers what the committed draft's run drew from (its template share, twice for filtering).
+    # 10,000 covers what the committed draft's run drew from (num_prompts, twice for filtering).
     distill = [_normalise(m[-1]["content"]) for m in build_prompts(10000, seed=0)]
     distill_set = set(distill)
     joined = "\n".join(distill)
@@ -162,6 +162,7 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
             "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
+    assert "[distill] the target wrote" in printed  # half the prompts: the writer step ran
     summary = json.loads(printed[printed.index("{\n"):])
     assert 0.0 <= summary["held_out"]["greedy_agreement"] <= 1.0
     assert 1.0 <= summary["held_out"]["mean_committed_per_round"] <= 5.0
