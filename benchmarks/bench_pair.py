@@ -5,7 +5,7 @@ acceptance alpha and cost ratio c, the speedup bound they imply, and concurrent 
 Every figure is a ratio measured in one run, with the schedules interleaved prompt by prompt,
 because this machine is shared and noisy. Usage:
 
-    python benchmarks/bench_pair.py                       # the default pair, ~15 min on 2 cores
+    python benchmarks/bench_pair.py                       # the default pair, 15-25 min on 2 cores
     python benchmarks/bench_pair.py --target DIR --draft DIR --dtype float64 --quick
 """
 

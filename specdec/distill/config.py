@@ -13,7 +13,7 @@ class DistillConfig:
     The draft is `num_layers` Llama layers at the target's width, initialised from the target's
     first layers, with the target's embedding frozen and borrowed, and a head over only the token
     ids the target emitted in the training answers. The defaults are the run that made the
-    committed default draft (77 minutes on a 2-core CPU; see its TRAINING.md).
+    committed default draft (about 102 minutes on a 2-core CPU; see its TRAINING.md).
     """
 
     target: str  # "default" or a Hugging Face directory
@@ -25,7 +25,7 @@ class DistillConfig:
     max_prompt_tokens: int = 384  # prompts longer than this (chat template included) are dropped
     generation_batch_size: int = 128
     num_layers: int = 2
-    steps: int = 800
+    steps: int = 1400
     max_train_seconds: float | None = None  # stop training early; the LR schedule follows whichever
     # of steps or time runs out first
     batch_size: int = 32

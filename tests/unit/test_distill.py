@@ -142,6 +142,20 @@ def test_config_rejects_non_positive_values(field):
         DistillConfig(target="default", out_dir=Path("x"), **{field: 0})
 
 
+def test_the_defaults_are_the_committed_default_drafts_run():
+    """The README and --help say the defaults reproduce the committed draft: its recorded config."""
+    import dataclasses
+
+    from specdec.draft_model import DEFAULT_DRAFT_DIR
+
+    recorded = json.loads((DEFAULT_DRAFT_DIR / "specdec_draft.json").read_text())["training"]["config"]
+    defaults = DistillConfig(target="default", out_dir=Path("unused"))
+    where_it_ran = {"out_dir", "data_path"}  # the run's own file locations
+    for field in dataclasses.fields(DistillConfig):
+        if field.name not in where_it_ran:
+            assert recorded[field.name] == getattr(defaults, field.name), field.name
+
+
 def test_config_rejects_bad_fractions():
     with pytest.raises(ValueError):
         DistillConfig(target="default", out_dir=Path("x"), holdout_fraction=1.0)
