@@ -1,0 +1,83 @@
+"""The draft's cost per Propose when the target's pass has just run on the same CPU (issue 3).
+
+`specdec distill` and `evaluate.cost_ratio` time draft steps back to back, so the draft's weights
+stay in the CPU's cache. In the guess-verify loop on one machine every Propose follows a target
+pass that streams the target's weights (540 MB in float32) through the cache, so the draft reads
+its own weights from memory again. This script times the same DraftEngine.propose three ways, in
+one process: back to back, after a 64 MB memory sweep, and after a target forward pass.
+
+    python benchmarks/draft_cold_cost.py                  # the default pair, about a minute
+    python benchmarks/draft_cold_cost.py --threads 1 --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from draft_service.engine import DraftEngine  # noqa: E402
+from specdec.distill.evaluate import step_seconds  # noqa: E402
+from specdec.models import ModelConfig, load_model  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="default")
+    parser.add_argument("--draft", default="default")
+    parser.add_argument("--dtype", default="auto", help="the draft's dtype (the target runs float32)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--context", type=int, default=200, help="tokens in the draft's cache")
+    parser.add_argument("--repeats", type=int, default=25)
+    return parser.parse_args(argv)
+
+
+def median_ms(propose, before, repeats: int) -> float:
+    times = []
+    for i in range(repeats):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        propose(i)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[3:]) * 1e3  # the first calls pay one-off costs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft = load_model(ModelConfig(model=args.draft, role="draft", dtype=args.dtype))
+    target = load_model(ModelConfig(model=args.target, role="target")).model
+    engine = DraftEngine(draft, top_m=64)
+    vocab = draft.vocab_size
+    prompt = [(1000 + i) % vocab for i in range(args.context)]
+    state = engine.prefill(prompt, SamplingParams())
+    sweep = torch.randn(64 * 1024 * 1024 // 4)  # 64 MB
+    target_input = torch.tensor([prompt[:8]])
+    cases = {
+        "back to back (how distill measures c)": None,
+        "after a 64 MB memory sweep": lambda: sweep.sum(),
+        "after a target forward pass (as in the loop)": lambda: target(input_ids=target_input),
+    }
+    print(f"threads {torch.get_num_threads()}, draft dtype {args.dtype}, context {args.context}")
+    with torch.inference_mode():
+        target_ms = step_seconds(target, args.context) * 1e3  # one decode step at this context
+        for label, before in cases.items():
+            draft_ms = median_ms(lambda i: engine.propose(state, [(1234 + i) % vocab], 1), before, args.repeats)
+            print(f"{label:48s} {draft_ms:6.2f} ms per Propose of K=1  (c = {draft_ms / target_ms:.3f})")
+    print(f"{'target decode step (the denominator of c)':48s} {target_ms:6.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""benchmarks/draft_cold_cost.py end to end on the tiny pair: it runs, and prints the three cases and
+the target's step with positive times. No timing assertions: speed is the benchmark's output."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_prints_every_case(tiny_pair):
+    command = [sys.executable, str(ROOT / "benchmarks" / "draft_cold_cost.py"), "--target",
+               str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir), "--threads", "1",
+               "--context", "12", "--repeats", "6"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for case in ("back to back", "after a 64 MB memory sweep", "after a target forward pass"):
+        (line,) = [line for line in lines if line.startswith(case)]
+        milliseconds, cost_ratio = re.search(r"([\d.]+) ms per Propose of K=1\s+\(c = ([\d.]+)\)", line).groups()
+        assert float(milliseconds) > 0 and float(cost_ratio) > 0, line
+    assert any(line.startswith("target decode step") for line in lines)
