@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -144,8 +145,6 @@ def test_config_rejects_non_positive_values(field):
 
 def test_the_defaults_are_the_committed_default_drafts_run():
     """The README and --help say the defaults reproduce the committed draft: its recorded config."""
-    import dataclasses
-
     from specdec.draft_model import DEFAULT_DRAFT_DIR
 
     recorded = json.loads((DEFAULT_DRAFT_DIR / "specdec_draft.json").read_text())["training"]["config"]
