@@ -19,7 +19,10 @@ arXiv 2211.17192, section 3; their gamma is our K):
 The controller picks K* = argmin over 0..K_max of T_round(K) / E(K), the expected seconds per
 committed token, and switches only when that beats the current K by a margin (hysteresis). While
 K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
-keep losing. The cost model is pure functions; the estimators live in orchestrator/k_estimates.py.
+keep losing. A session that starts from pool-wide priors (ControllerPriors) takes their timings
+firmly but their alpha weakly (acceptance is a property of the prompt), and when the pool's alpha
+alone puts it at K = 0 it opens with a probe. The cost model is pure functions; the estimators live
+in orchestrator/k_estimates.py.
 """
 
 from __future__ import annotations
@@ -145,6 +148,9 @@ class KControllerConfig:
     probe_backoff: float = 2.0  # interval multiplier after a probe that leaves K at 0
     prior_alpha: float = 0.6  # alpha before any measurement, when the pool has none
     prior_alpha_strength: float = 4.0  # pseudo-trials behind the prior alpha
+    pool_alpha_strength: float = 1.0  # pseudo-trials behind the pool's alpha when a session starts
+    # from it: acceptance differs between prompts far more than timings do, so a new session's own
+    # rounds should outweigh what earlier prompts accepted after a round or two
     acceptance_decay: float = 0.99  # fraction of acceptance counts kept per round
     timing_weight: float = 0.1  # EWMA weight of a new t_draft / t_feed / RTT sample
     prior_timing_samples: float = 1.0  # pseudo-samples behind a pool prior's timing figure
@@ -167,6 +173,7 @@ class KControllerConfig:
         check(self.probe_backoff >= 1.0, f"probe_backoff must be >= 1, got {self.probe_backoff}")
         check(0.0 < self.prior_alpha < 1.0, f"prior_alpha must be in (0, 1): {self.prior_alpha}")
         check(self.prior_alpha_strength >= 0.0, "prior_alpha_strength must be >= 0")
+        check(self.pool_alpha_strength >= 0.0, "pool_alpha_strength must be >= 0")
         check(0.0 < self.acceptance_decay <= 1.0, "acceptance_decay must be in (0, 1]")
         check(0.0 < self.timing_weight <= 1.0, "timing_weight must be in (0, 1]")
         check(self.prior_timing_samples >= 0.0, "prior_timing_samples must be >= 0")
@@ -218,10 +225,11 @@ class AdaptiveKController:
         self._priors = priors
         cfg = self._config
         seed = priors.snapshot() if priors is not None else PriorEstimates()
-        prior_alpha = seed.alpha if seed.alpha is not None else cfg.prior_alpha
-        self._alpha = AcceptanceEstimate(
-            prior_alpha, cfg.prior_alpha_strength, cfg.acceptance_decay
-        )
+        if seed.alpha is None:
+            prior_alpha, strength = cfg.prior_alpha, cfg.prior_alpha_strength
+        else:
+            prior_alpha, strength = seed.alpha, cfg.pool_alpha_strength
+        self._alpha = AcceptanceEstimate(prior_alpha, strength, cfg.acceptance_decay)
         self._t_draft = self._timing_estimate(seed.t_draft_per_token)
         self._t_feed = self._timing_estimate(seed.t_feed_per_token)
         self._rtt_draft = self._timing_estimate(seed.rtt_draft)
@@ -242,6 +250,10 @@ class AdaptiveKController:
         costs = self._costs()
         if costs is not None:  # the pool's figures are complete: start at their best K
             self._current_k = best_k(self._alpha.alpha, costs, cfg.k_max)
+            if self._current_k == 0 and best_k(cfg.prior_alpha, costs, cfg.k_max) > 0:
+                # K = 0 because earlier prompts were accepted poorly, not because the timings
+                # rule drafting out: this prompt's acceptance is unknown, so open with a probe.
+                self._rounds_since_probe = self._probe_interval
 
     # -- KPolicy ---------------------------------------------------------------------------------
 

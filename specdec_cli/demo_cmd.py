@@ -111,11 +111,16 @@ def run(args: argparse.Namespace) -> int:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
             run_one(stub, prompts[0].messages, 8, mode)  # warm-up: first calls pay one-off costs
             run_one(stub, prompts[0].messages, 8, pb.SPECULATION_MODE_OFF)
-            for prompt in prompts:
+            for index, prompt in enumerate(prompts):
                 print(f"\n### {prompt.name}\n> {prompt.text}\n", flush=True)
-                target_only = run_one(stub, prompt.messages, args.max_new_tokens, pb.SPECULATION_MODE_OFF)
-                speculative = run_one(stub, prompt.messages, args.max_new_tokens, mode,
-                                      stream_to=None if args.quiet else sys.stdout)
+                # Which of the two runs first alternates between prompts, so that a machine that
+                # speeds up or slows down during the demo does not favour either side overall.
+                runs = [lambda: run_one(stub, prompt.messages, args.max_new_tokens, pb.SPECULATION_MODE_OFF),
+                        lambda: run_one(stub, prompt.messages, args.max_new_tokens, mode,
+                                        stream_to=None if args.quiet else sys.stdout)]
+                first, second = (0, 1) if index % 2 == 0 else (1, 0)
+                results = {first: runs[first](), second: runs[second]()}
+                target_only, speculative = results[0], results[1]
                 if speculative.text != target_only.text:
                     print("\n!! speculative output differs from target-only output", flush=True)
                     return 1

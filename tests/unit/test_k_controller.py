@@ -25,7 +25,7 @@ from orchestrator.k_controller import (
     seconds_per_token,
     speedup_bound,
 )
-from orchestrator.k_estimates import ControllerPriors
+from orchestrator.k_estimates import ControllerPriors, PriorEstimates
 from orchestrator.k_policy import KPolicy, RoundObservation
 
 K_MAX = 8
@@ -311,6 +311,35 @@ def test_a_new_session_starts_from_the_pool_priors() -> None:
     newcomer = AdaptiveKController(config, priors)
     assert newcomer.choose(K_MAX) == 0  # not the configured initial K of 4
     assert AdaptiveKController(config).choose(K_MAX) == 4  # without priors it is
+    # The timings rule drafting out whatever the acceptance: no opening probe either.
+    assert play(newcomer, SimulatedServices(10), world, 12) == [0] * 12
+
+
+def test_a_newcomer_is_not_held_at_k0_by_earlier_prompts_acceptance() -> None:
+    """The pool learned K = 0 from prompts the draft guessed badly; a prompt it guesses well must
+    not inherit that: the newcomer opens with a probe and its own rounds soon outweigh the pool."""
+    config = KControllerConfig(k_max=K_MAX)
+    easy = Conditions(alpha=0.8, rtt_target=0.01)
+    hard = replace(easy, alpha=0.1)
+    pool = PriorEstimates(alpha=hard.alpha, t_draft_per_token=easy.t_draft, t_feed_per_token=easy.t_feed,
+                          verify_a=easy.verify_a, verify_b=easy.verify_b, rtt_draft=easy.rtt_draft,
+                          rtt_target=easy.rtt_target)
+    assert best_k(pool.alpha, easy.costs(), K_MAX) == 0 < best_k(config.prior_alpha, easy.costs(), K_MAX)
+    reached, drafting_at_the_end = [], 0
+    for seed in range(10):
+        newcomer = AdaptiveKController(config, ControllerPriors(weight=0.2, initial=pool))
+        ks = play(newcomer, SimulatedServices(seed), easy, 60)
+        assert ks[0] == config.probe_num_speculative_tokens, ks  # the opening probe
+        drafting_at_the_end += all(k > 0 for k in ks[-20:])
+        reached.append(next((i for i, k in enumerate(ks) if i > 0 and k > 0), len(ks)))
+    # A probe of 2 fails at alpha 0.8 one time in five; then the next one comes 32 rounds later.
+    assert drafting_at_the_end >= 8, drafting_at_the_end
+    assert sorted(reached)[len(reached) // 2] <= 2, reached  # usually straight after the probe
+    # On a hard prompt the probe is one round, then K = 0 with the next probe backed off.
+    newcomer = AdaptiveKController(config, ControllerPriors(weight=0.2, initial=pool))
+    ks = play(newcomer, SimulatedServices(11), hard, 40)
+    assert ks[0] > 0 and sum(k > 0 for k in ks) <= 2, ks
+    assert newcomer.estimates()["probe_interval_rounds"] > config.probe_interval_rounds
 
 
 @pytest.mark.parametrize(
@@ -322,6 +351,7 @@ def test_a_new_session_starts_from_the_pool_priors() -> None:
         {"probe_num_speculative_tokens": 0},
         {"probe_interval_max_rounds": 1},
         {"prior_alpha": 1.0},
+        {"pool_alpha_strength": -1.0},
         {"acceptance_decay": 0.0},
         {"timing_weight": 1.5},
     ],
