@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
@@ -53,6 +54,17 @@ def _log(config: DistillConfig, message: str) -> None:
     print(f"[distill] {message}", flush=True)
 
 
+def generation_dtype(config: DistillConfig) -> torch.dtype:
+    """The dtype the target writes and answers prompts in (DistillConfig.generation_dtype)."""
+    if config.generation_dtype != "auto":
+        return getattr(torch, config.generation_dtype)
+    if config.device.startswith("cuda"):
+        return torch.bfloat16
+    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
+        torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return torch.bfloat16 if native else torch.float32
+
+
 def build_prompt_ids(config: DistillConfig, target, tokenizer) -> list[list[int]]:
     """The tokenised distillation prompts: template ones plus ones the target writes itself."""
     num_written = round(config.num_prompts * config.written_prompt_fraction)
@@ -76,7 +88,8 @@ def prepare_examples(config: DistillConfig, target, tokenizer) -> list[Example]:
         return examples[:config.num_prompts]
     prompts = build_prompt_ids(config, target, tokenizer)
     _log(config, f"{len(prompts)} prompts; the target answers them (greedy, "
-                 f"≤{config.max_new_tokens} new tokens, batches of {config.generation_batch_size})")
+                 f"≤{config.max_new_tokens} new tokens, batches of {config.generation_batch_size}, "
+                 f"{str(next(target.parameters()).dtype).removeprefix('torch.')})")
     examples = generate_examples(target, tokenizer, prompts, config.max_new_tokens,
                                  config.generation_batch_size, config.soft_label_top_k,
                                  progress=config.progress)
@@ -111,7 +124,12 @@ def run_distill(config: DistillConfig) -> DistillResult:
     target = target.to(config.device).eval()
 
     generation_started = time.monotonic()
-    examples = prepare_examples(config, target, tokenizer)
+    cached = config.data_path is not None and Path(config.data_path).is_file()
+    dtype = None if cached else generation_dtype(config)
+    # A lower-precision copy writes and answers the prompts; the float32 target stays for the rest.
+    generator = target if dtype in (None, torch.float32) else copy.deepcopy(target).to(dtype)
+    examples = prepare_examples(config, generator, tokenizer)
+    del generator
     generation_seconds = time.monotonic() - generation_started
     train, held = split_examples(examples, config.holdout_fraction, config.seed)
     eos = target.generation_config.eos_token_id
@@ -154,6 +172,7 @@ def run_distill(config: DistillConfig) -> DistillResult:
         "num_trained_token_ids": num_trained_ids,
         "num_kept_token_ids": int(kept_ids.numel()),
         "generation_seconds": round(generation_seconds, 1),
+        "generation_dtype": None if dtype is None else str(dtype).removeprefix("torch."),
         **training,
         "held_out": held_out.to_json(),
         "train_sample": train_sample.to_json(),

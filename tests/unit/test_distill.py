@@ -171,7 +171,7 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     argv = ["distill", "--target", str(target_dir), "--out", str(out_dir), "--num-prompts", "24",
             "--max-new-tokens", "12", "--layers", "1", "--steps", "6", "--batch-size", "4",
             "--eval-every", "3", "--validation-answers", "2", "--min-token-count", "2",
-            "--data", str(data_path),
+            "--data", str(data_path), "--generation-dtype", "bfloat16",
             "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -184,6 +184,7 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     spec = read_draft_spec(out_dir)
     assert spec.target == str(target_dir.resolve())
     assert spec.training["num_held_out_answers"] >= 1 and "best_step" in spec.training
+    assert spec.training["generation_dtype"] == "bfloat16"  # answers from a bfloat16 copy
     draft = load_draft(out_dir, dtype=torch.float32)
     with torch.no_grad():
         logits = draft(input_ids=torch.tensor([[5, 6, 7]])).logits
@@ -191,6 +192,21 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     # A second run reuses the cached answers.
     assert main(argv[:4] + [str(tmp_path / "again")] + argv[5:]) == 0
     assert "loaded 24 cached answers" in capsys.readouterr().out
+    assert read_draft_spec(tmp_path / "again").training["generation_dtype"] is None  # none generated
+
+
+def test_generation_dtype_resolves_auto_and_rejects_others():
+    from specdec.distill.recipe import generation_dtype
+
+    def config(**kwargs):
+        return DistillConfig(target="default", out_dir=Path("x"), **kwargs)
+
+    assert generation_dtype(config(generation_dtype="float32")) == torch.float32
+    assert generation_dtype(config(generation_dtype="bfloat16")) == torch.bfloat16
+    assert generation_dtype(config(device="cuda")) == torch.bfloat16
+    assert generation_dtype(config()) in (torch.bfloat16, torch.float32)  # by the CPU's features
+    with pytest.raises(ValueError, match="generation_dtype"):
+        config(generation_dtype="float16")
 
 
 def test_prune_head_keeps_the_logits_of_kept_ids(tmp_path):
