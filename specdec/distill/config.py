@@ -29,8 +29,8 @@ class DistillConfig:
     generation_dtype: str = "auto"  # the target's dtype while it writes and answers the prompts:
     # auto = bfloat16 where the hardware computes it natively (CUDA, or a CPU with AVX512-BF16 or
     # AMX; on this project's CPU a batch-128 decode step is 3.8x faster than float32, generation
-    # end to end 1.6x), else float32. Training, the head's init and the cost measurement always
-    # use the float32 target.
+    # end to end 1.6x), else float32. The answers and their top-k logits (the labels) are that
+    # copy's; the draft's init and the cost measurement use the float32 target.
     num_layers: int = 2
     steps: int = 1400
     max_train_seconds: float | None = 3000.0  # stop training early; the LR schedule follows
