@@ -115,12 +115,19 @@ def run(args: argparse.Namespace) -> int:
                 print(f"\n### {prompt.name}\n> {prompt.text}\n", flush=True)
                 # Which of the two runs first alternates between prompts, so that a machine that
                 # speeds up or slows down during the demo does not favour either side overall.
-                runs = [lambda: run_one(stub, prompt.messages, args.max_new_tokens, pb.SPECULATION_MODE_OFF),
-                        lambda: run_one(stub, prompt.messages, args.max_new_tokens, mode,
-                                        stream_to=None if args.quiet else sys.stdout)]
-                first, second = (0, 1) if index % 2 == 0 else (1, 0)
-                results = {first: runs[first](), second: runs[second]()}
-                target_only, speculative = results[0], results[1]
+                def run_target_only() -> RunResult:
+                    return run_one(stub, prompt.messages, args.max_new_tokens, pb.SPECULATION_MODE_OFF)
+
+                def run_speculative() -> RunResult:
+                    return run_one(stub, prompt.messages, args.max_new_tokens, mode,
+                                   stream_to=None if args.quiet else sys.stdout)
+
+                if index % 2 == 0:
+                    target_only = run_target_only()
+                    speculative = run_speculative()
+                else:
+                    speculative = run_speculative()
+                    target_only = run_target_only()
                 if speculative.text != target_only.text:
                     print("\n!! speculative output differs from target-only output", flush=True)
                     return 1

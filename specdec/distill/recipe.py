@@ -80,23 +80,29 @@ def build_prompt_ids(config: DistillConfig, target, tokenizer) -> list[list[int]
     return prompts[:config.num_prompts]
 
 
-def prepare_examples(config: DistillConfig, target, tokenizer) -> list[Example]:
-    """Build and tokenise prompts, then let the target answer them (or load cached answers)."""
+def prepare_examples(config: DistillConfig, target, tokenizer,
+                     ) -> tuple[list[Example], torch.dtype | None]:
+    """Build and tokenise prompts, then let the target answer them (or load cached answers).
+
+    Returns the examples and the dtype the target answered in (None for cached answers)."""
     if config.data_path is not None and Path(config.data_path).is_file():
         examples = load_examples(config.data_path)
         _log(config, f"loaded {len(examples)} cached answers from {config.data_path}")
-        return examples[:config.num_prompts]
-    prompts = build_prompt_ids(config, target, tokenizer)
+        return examples[:config.num_prompts], None
+    dtype = generation_dtype(config)
+    # A lower-precision copy writes and answers the prompts; the float32 target stays for the rest.
+    generator = target if dtype == torch.float32 else copy.deepcopy(target).to(dtype)
+    prompts = build_prompt_ids(config, generator, tokenizer)
     _log(config, f"{len(prompts)} prompts; the target answers them (greedy, "
                  f"≤{config.max_new_tokens} new tokens, batches of {config.generation_batch_size}, "
-                 f"{str(next(target.parameters()).dtype).removeprefix('torch.')})")
-    examples = generate_examples(target, tokenizer, prompts, config.max_new_tokens,
+                 f"{str(dtype).removeprefix('torch.')})")
+    examples = generate_examples(generator, tokenizer, prompts, config.max_new_tokens,
                                  config.generation_batch_size, config.soft_label_top_k,
                                  progress=config.progress)
     examples = [e for e in examples if e.answer_ids]
     if config.data_path is not None:
         save_examples(examples, config.data_path)
-    return examples
+    return examples, dtype
 
 
 def split_examples(examples: list[Example], holdout_fraction: float, seed: int,
@@ -124,12 +130,7 @@ def run_distill(config: DistillConfig) -> DistillResult:
     target = target.to(config.device).eval()
 
     generation_started = time.monotonic()
-    cached = config.data_path is not None and Path(config.data_path).is_file()
-    dtype = None if cached else generation_dtype(config)
-    # A lower-precision copy writes and answers the prompts; the float32 target stays for the rest.
-    generator = target if dtype in (None, torch.float32) else copy.deepcopy(target).to(dtype)
-    examples = prepare_examples(config, generator, tokenizer)
-    del generator
+    examples, dtype = prepare_examples(config, target, tokenizer)
     generation_seconds = time.monotonic() - generation_started
     train, held = split_examples(examples, config.holdout_fraction, config.seed)
     eos = target.generation_config.eos_token_id
