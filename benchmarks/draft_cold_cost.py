@@ -4,7 +4,9 @@
 stay in the CPU's cache. In the guess-verify loop on one machine every Propose follows a target
 pass that streams the target's weights (540 MB in float32) through the cache, so the draft reads
 its own weights from memory again. This script times the same DraftEngine.propose three ways, in
-one process: back to back, after a 64 MB memory sweep, and after a target forward pass.
+one process: back to back, after a 64 MB memory sweep, and after a target forward pass; then as
+the services run it, the target and the draft in two processes taking turns, with a pause between
+each call and the next (the gRPC hop through the orchestrator), and reports both sides' times.
 
     python benchmarks/draft_cold_cost.py                  # the default pair, about a minute
     python benchmarks/draft_cold_cost.py --threads 1 --dtype bfloat16
@@ -13,6 +15,7 @@ one process: back to back, after a 64 MB memory sweep, and after a target forwar
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import time
@@ -26,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 from draft_service.engine import DraftEngine  # noqa: E402
 from specdec.distill.evaluate import step_seconds  # noqa: E402
+from specdec.kv_cache import SequenceCache  # noqa: E402
 from specdec.models import ModelConfig, load_model  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
@@ -38,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--context", type=int, default=200, help="tokens in the draft's cache")
     parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--pauses-ms", default="0.1,3,30",
+                        help="pauses between turns in the two-process case, comma-separated ('' skips it)")
     return parser.parse_args(argv)
 
 
@@ -76,7 +82,63 @@ def main(argv: list[str] | None = None) -> int:
             draft_ms = median_ms(lambda i: engine.propose(state, [(1234 + i) % vocab], 1), before, args.repeats)
             print(f"{label:48s} {draft_ms:6.2f} ms per Propose of K=1  (c = {draft_ms / target_ms:.3f})")
     print(f"{'target decode step (the denominator of c)':48s} {target_ms:6.2f} ms")
+    del target, draft, engine
+    for pause_ms in [float(p) for p in args.pauses_ms.split(",") if p.strip()]:
+        draft_ms, turn_target_ms = two_process_turns(args, pause_ms)
+        print(f"{f'two processes, {pause_ms:g} ms pause between turns':48s} {draft_ms:6.2f} ms per Propose "
+              f"of K=1  (c = {draft_ms / target_ms:.3f}); target step {turn_target_ms:.2f} ms")
     return 0
+
+
+def two_process_turns(args: argparse.Namespace, pause_ms: float) -> tuple[float, float]:
+    """Median ms of the draft's Propose and the target's decode step when each runs in its own
+    process and they take turns, pausing pause_ms between one's answer and the other's call."""
+    context = multiprocessing.get_context("spawn")
+    sides = {}
+    for role in ("target", "draft"):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=_turn_taker, args=(role, args, theirs), daemon=True)
+        process.start()
+        sides[role] = (ours, process)
+    for ours, _ in sides.values():
+        ours.recv()  # loaded
+    times: dict[str, list[float]] = {"target": [], "draft": []}
+    for i in range(args.repeats):
+        for role in ("target", "draft"):
+            time.sleep(pause_ms / 1e3)
+            sides[role][0].send(i)
+            times[role].append(sides[role][0].recv())
+    for ours, process in sides.values():
+        ours.send(None)
+        process.join(timeout=60)
+    return (statistics.median(times["draft"][3:]) * 1e3, statistics.median(times["target"][3:]) * 1e3)
+
+
+def _turn_taker(role: str, args: argparse.Namespace, connection) -> None:
+    """A child process: loads one side, then times one call per message until it gets None."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if role == "draft":
+        engine = DraftEngine(load_model(ModelConfig(model=args.draft, role="draft", dtype=args.dtype)), top_m=64)
+        vocab = engine.loaded.vocab_size
+        state = engine.prefill([(1000 + i) % vocab for i in range(args.context)], SamplingParams())
+
+        def call(i: int) -> None:
+            engine.propose(state, [(1234 + i) % vocab], 1)
+    else:
+        loaded = load_model(ModelConfig(model=args.target, role="target"))
+        cache = SequenceCache(loaded.model)
+        cache.feed([(1000 + i) % loaded.vocab_size for i in range(args.context)])
+
+        def call(i: int) -> None:
+            cache.feed([(1234 + i) % loaded.vocab_size])
+            cache.truncate(args.context)
+    connection.send("loaded")
+    with torch.inference_mode():
+        while (message := connection.recv()) is not None:
+            start = time.perf_counter()
+            call(message)
+            connection.send(time.perf_counter() - start)
 
 
 if __name__ == "__main__":

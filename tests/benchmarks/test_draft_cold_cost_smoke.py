@@ -1,5 +1,6 @@
-"""benchmarks/draft_cold_cost.py end to end on the tiny pair: it runs, and prints the three cases and
-the target's step with positive times. No timing assertions: speed is the benchmark's output."""
+"""benchmarks/draft_cold_cost.py end to end on the tiny pair: it runs, and prints the three
+one-process cases, the target's step and the two-process turns with positive times. No timing
+assertions: speed is the benchmark's output."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_prints_every_case(tiny_pair):
     command = [sys.executable, str(ROOT / "benchmarks" / "draft_cold_cost.py"), "--target",
                str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir), "--threads", "1",
-               "--context", "12", "--repeats", "6"]
+               "--context", "12", "--repeats", "6", "--pauses-ms", "2"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -23,3 +24,8 @@ def test_prints_every_case(tiny_pair):
         milliseconds, cost_ratio = re.search(r"([\d.]+) ms per Propose of K=1\s+\(c = ([\d.]+)\)", line).groups()
         assert float(milliseconds) > 0 and float(cost_ratio) > 0, line
     assert any(line.startswith("target decode step") for line in lines)
+    # the two-process case, as the services run
+    (line,) = [line for line in lines if line.startswith("two processes, 2 ms pause")]
+    draft_ms, cost_ratio, target_ms = re.search(
+        r"([\d.]+) ms per Propose of K=1\s+\(c = ([\d.]+)\); target step ([\d.]+) ms", line).groups()
+    assert min(float(draft_ms), float(cost_ratio), float(target_ms)) > 0, line
