@@ -55,21 +55,34 @@ def median_ms(propose, before, repeats: int) -> float:
         start = time.perf_counter()
         propose(i)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[3:]) * 1e3  # the first calls pay one-off costs
+    return settled_median_ms(times)
+
+
+def settled_median_ms(seconds: list[float]) -> float:
+    return statistics.median(seconds[3:]) * 1e3  # the first calls pay one-off costs
+
+
+def prompt_ids(vocab: int, context: int) -> list[int]:
+    return [(1000 + i) % vocab for i in range(context)]
+
+
+def draft_proposer(args: argparse.Namespace):
+    """The draft prefilled with the prompt; propose(i) feeds one new committed token and drafts
+    one (the Propose of K = 1 every case times)."""
+    engine = DraftEngine(load_model(ModelConfig(model=args.draft, role="draft", dtype=args.dtype)), top_m=64)
+    vocab = engine.loaded.vocab_size
+    state = engine.prefill(prompt_ids(vocab, args.context), SamplingParams())
+    return lambda i: engine.propose(state, [(1234 + i) % vocab], 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    draft = load_model(ModelConfig(model=args.draft, role="draft", dtype=args.dtype))
+    propose = draft_proposer(args)
     target = load_model(ModelConfig(model=args.target, role="target")).model
-    engine = DraftEngine(draft, top_m=64)
-    vocab = draft.vocab_size
-    prompt = [(1000 + i) % vocab for i in range(args.context)]
-    state = engine.prefill(prompt, SamplingParams())
     sweep = torch.randn(64 * 1024 * 1024 // 4)  # 64 MB
-    target_input = torch.tensor([prompt[:8]])
+    target_input = torch.tensor([prompt_ids(target.config.vocab_size, args.context)[:8]])
     cases = {
         "back to back (how distill measures c)": None,
         "after a 64 MB memory sweep": lambda: sweep.sum(),
@@ -79,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         target_ms = step_seconds(target, args.context) * 1e3  # one decode step at this context
         for label, before in cases.items():
-            draft_ms = median_ms(lambda i: engine.propose(state, [(1234 + i) % vocab], 1), before, args.repeats)
+            draft_ms = median_ms(propose, before, args.repeats)
             print(f"{label:48s} {draft_ms:6.2f} ms per Propose of K=1  (c = {draft_ms / target_ms:.3f})")
     print(f"{'target decode step (the denominator of c)':48s} {target_ms:6.2f} ms")
-    del target, draft, engine
+    del target, propose
     for pause_ms in [float(p) for p in args.pauses_ms.split(",") if p.strip()]:
         draft_ms, turn_target_ms = two_process_turns(args, pause_ms)
         print(f"{f'two processes, {pause_ms:g} ms pause between turns':48s} {draft_ms:6.2f} ms per Propose "
@@ -111,7 +124,7 @@ def two_process_turns(args: argparse.Namespace, pause_ms: float) -> tuple[float,
     for ours, process in sides.values():
         ours.send(None)
         process.join(timeout=60)
-    return (statistics.median(times["draft"][3:]) * 1e3, statistics.median(times["target"][3:]) * 1e3)
+    return settled_median_ms(times["draft"]), settled_median_ms(times["target"])
 
 
 def _turn_taker(role: str, args: argparse.Namespace, connection) -> None:
@@ -119,16 +132,11 @@ def _turn_taker(role: str, args: argparse.Namespace, connection) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if role == "draft":
-        engine = DraftEngine(load_model(ModelConfig(model=args.draft, role="draft", dtype=args.dtype)), top_m=64)
-        vocab = engine.loaded.vocab_size
-        state = engine.prefill([(1000 + i) % vocab for i in range(args.context)], SamplingParams())
-
-        def call(i: int) -> None:
-            engine.propose(state, [(1234 + i) % vocab], 1)
+        call = draft_proposer(args)
     else:
         loaded = load_model(ModelConfig(model=args.target, role="target"))
         cache = SequenceCache(loaded.model)
-        cache.feed([(1000 + i) % loaded.vocab_size for i in range(args.context)])
+        cache.feed(prompt_ids(loaded.vocab_size, args.context))
 
         def call(i: int) -> None:
             cache.feed([(1234 + i) % loaded.vocab_size])
