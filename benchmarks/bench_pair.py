@@ -67,7 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--temperatures", default="0,0.7")
-    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--concurrency", default="1,4,8",
+                        help="concurrent stream counts, comma-separated ('' skips the streams)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per model service "
                         "and for Hugging Face in-process (1 avoids OpenMP spinning on a busy machine)")
     parser.add_argument("--skip-hf", action="store_true", help="skip Hugging Face assisted generation")
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
             for schedule in ("off", "k=4"):  # warm-up
                 call(stub, prompts[0], 0.0, schedule, 8, seed=0)
             runs = sweep(stub, prompts, temperatures, schedules, args.max_new_tokens)
-        streams = concurrent(address, prompts, [int(x) for x in args.concurrency.split(",")],
+        streams = concurrent(address, prompts, [int(x) for x in args.concurrency.split(",") if x],
                              args.max_new_tokens)
     mismatches = [
         (r.prompt, r.schedule) for r in runs if r.temperature == 0
