@@ -52,6 +52,8 @@ class Run:
     network_seconds: float
     draft_calls: int
     rejections: int  # rounds with n < K
+    ks: list[int]  # K of each round (what the adaptive controller chose)
+    accepted_per_round: list[int]
 
     @property
     def tokens_per_second(self) -> float:
@@ -112,7 +114,8 @@ def call(stub, prompt, temperature, schedule, max_new_tokens, seed) -> Run:
     return Run(prompt.name, prompt.kind, temperature, schedule, tokens, s.generated_tokens, s.wall_seconds,
                s.rounds, s.drafted_tokens, s.accepted_tokens, s.draft_seconds, s.verify_seconds,
                s.network_seconds, sum(1 for x in s.num_speculative_tokens_per_round if x > 0),
-               sum(n < k for k, n in zip(s.num_speculative_tokens_per_round, s.num_accepted_per_round)))
+               sum(n < k for k, n in zip(s.num_speculative_tokens_per_round, s.num_accepted_per_round)),
+               list(s.num_speculative_tokens_per_round), list(s.num_accepted_per_round))
 
 
 def sweep(stub, prompts, temperatures, schedules, max_new_tokens) -> list[Run]:

@@ -12,24 +12,28 @@ arXiv 2211.17192, section 3; their gamma is our K):
 - t_draft: seconds per drafted token, i.e. per draft forward pass (a Propose of K makes K passes).
 - t_feed: seconds per extra committed token the draft must feed in one pass to catch up after
   K = 0 rounds, during which it was not called.
-- T_verify(n): seconds of one target forward pass over n = K + 1 rows, fitted as a + b * n.
+- T_verify(n): seconds of one target forward pass over n = K + 1 rows, fitted as a + b * n plus
+  each row count's measured residual from that line (CPU costs step at kernel block sizes).
 - RTT_draft, RTT_target: per-hop network and RPC overhead, client wall time minus server time.
 - T_round(K) = K t_draft + T_verify(K + 1) + RTT_draft [K > 0] + RTT_target (+ catch-up).
 
 The controller picks K* = argmin over 0..K_max of T_round(K) / E(K), the expected seconds per
 committed token, and switches only when that beats the current K by a margin (hysteresis). While
 K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
-keep losing. A session that starts from pool-wide priors (ControllerPriors) takes their timings
-firmly but their alpha weakly (acceptance is a property of the prompt), and when the pool's alpha
-alone puts it at K = 0 it opens with a probe. The cost model is pure functions; the estimators live
-in orchestrator/k_estimates.py.
+keep losing. Two kinds of optimism keep it measuring what it cannot see: K = 0 is chosen only if
+it also wins at an alpha one posterior sd higher (at K = 0 alpha is no longer observed), and row
+counts little measured are taken as a little cheaper than predicted, so that a K whose cost the
+line misjudges gets tried once. A session that starts from pool-wide priors (ControllerPriors)
+takes their timings and verify shape firmly but their alpha as 4 pseudo-trials (acceptance is a
+property of the prompt), and when the pool's alpha alone puts it at K = 0 it opens with a probe.
+The cost model is pure functions; the estimators live in orchestrator/k_estimates.py.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.k_estimates import (
     AcceptanceEstimate,
@@ -148,15 +152,25 @@ class KControllerConfig:
     probe_backoff: float = 2.0  # interval multiplier after a probe that leaves K at 0
     prior_alpha: float = 0.6  # alpha before any measurement, when the pool has none
     prior_alpha_strength: float = 4.0  # pseudo-trials behind the prior alpha
-    pool_alpha_strength: float = 1.0  # pseudo-trials behind the pool's alpha when a session starts
-    # from it: acceptance differs between prompts far more than timings do, so a new session's own
-    # rounds should outweigh what earlier prompts accepted after a round or two
+    pool_alpha_strength: float = 4.0  # pseudo-trials behind the pool's alpha when a session starts
+    # from it. Acceptance differs between prompts far more than timings do, but not without bound:
+    # the default pair's per-prompt alpha spreads by ~0.13 around 0.42 (bench_pair, K = 4), which a
+    # Beta prior of ~10 pseudo-trials expresses; 4 also lets alpha drift within one answer. At 1,
+    # one fully accepted round of K = 3 put a new session's alpha near 0.9 and K at 8 (session 7)
+    zero_k_optimism: float = 1.0  # K = 0 only if it also wins at alpha + this many posterior sd:
+    # K = 0 stops measuring alpha, so leaving drafting on a few unlucky rounds is the costly mistake
     acceptance_decay: float = 0.99  # fraction of acceptance counts kept per round
     timing_weight: float = 0.1  # EWMA weight of a new t_draft / t_feed / RTT sample
     prior_timing_samples: float = 1.0  # pseudo-samples behind a pool prior's timing figure
     verify_decay: float = 0.98  # fraction of the verify fit's old weight kept per round
     verify_prior_strength: float = 2.0  # rounds' worth of ridge pull towards the verify prior
     verify_prior_slope_ratio: float = 0.05  # b / a when the first Verify sets the prior
+    verify_row_shrink: float = 1.0  # rounds' worth of pull of a row count's residual to zero
+    verify_row_decay: float = 0.998  # fraction of a row count's residual weight kept per round
+    verify_optimism: float = 0.15  # a row count measured w (discounted) times is taken to cost
+    # 1 - this / sqrt(1 + w) of its prediction when choosing K: a line through the row counts in
+    # use cannot see a step elsewhere (CPU kernel blocking), so K values not measured lately get
+    # tried now and then, and one measurement mostly settles them
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -174,12 +188,16 @@ class KControllerConfig:
         check(0.0 < self.prior_alpha < 1.0, f"prior_alpha must be in (0, 1): {self.prior_alpha}")
         check(self.prior_alpha_strength >= 0.0, "prior_alpha_strength must be >= 0")
         check(self.pool_alpha_strength >= 0.0, "pool_alpha_strength must be >= 0")
+        check(self.zero_k_optimism >= 0.0, "zero_k_optimism must be >= 0")
         check(0.0 < self.acceptance_decay <= 1.0, "acceptance_decay must be in (0, 1]")
         check(0.0 < self.timing_weight <= 1.0, "timing_weight must be in (0, 1]")
         check(self.prior_timing_samples >= 0.0, "prior_timing_samples must be >= 0")
         check(0.0 < self.verify_decay <= 1.0, "verify_decay must be in (0, 1]")
         check(self.verify_prior_strength > 0.0, "verify_prior_strength must be > 0")
         check(self.verify_prior_slope_ratio >= 0.0, "verify_prior_slope_ratio must be >= 0")
+        check(self.verify_row_shrink > 0.0, "verify_row_shrink must be > 0")
+        check(0.0 < self.verify_row_decay <= 1.0, "verify_row_decay must be in (0, 1]")
+        check(0.0 <= self.verify_optimism < 1.0, "verify_optimism must be in [0, 1)")
 
 
 class HeuristicK:
@@ -238,8 +256,11 @@ class AdaptiveKController:
             cfg.verify_prior_strength,
             cfg.verify_decay,
             cfg.verify_prior_slope_ratio,
+            cfg.verify_row_shrink,
+            cfg.verify_row_decay,
             prior_a=seed.verify_a,
             prior_b=seed.verify_b,
+            prior_residuals=seed.verify_residuals or (),
         )
         self._round = 0
         self._current_k = cfg.initial_num_speculative_tokens
@@ -249,7 +270,8 @@ class AdaptiveKController:
         self._probe_outstanding = False
         costs = self._costs()
         if costs is not None:  # the pool's figures are complete: start at their best K
-            self._current_k = best_k(self._alpha.alpha, costs, cfg.k_max)
+            times = self._seconds_per_token_by_k(costs)
+            self._current_k = min(range(len(times)), key=times.__getitem__)
             if self._current_k == 0 and best_k(cfg.prior_alpha, costs, cfg.k_max) > 0:
                 # K = 0 because earlier prompts were accepted poorly, not because the timings
                 # rule drafting out: this prompt's acceptance is unknown, so open with a probe.
@@ -337,18 +359,34 @@ class AdaptiveKController:
             return None
         t_feed = self._t_feed.value if self._t_feed.value is not None else t_draft
         catchup = self._pending_catchup_tokens * t_feed if include_catchup else 0.0
-        return RoundCosts(t_draft, LinearVerifyTime(*coefficients), rtt_draft, rtt_target, catchup)
+        return RoundCosts(t_draft, self._verify.seconds, rtt_draft, rtt_target, catchup)
 
     def _decide(self) -> None:
         costs = self._costs()
         if costs is None:
             return
-        alpha = self._alpha.alpha
-        times = [seconds_per_token(alpha, k, costs) for k in range(self._config.k_max + 1)]
+        times = self._seconds_per_token_by_k(costs)
         best = min(range(len(times)), key=times.__getitem__)
         current = min(self._current_k, self._config.k_max)
         if best != current and times[best] < times[current] * (1.0 - self._config.hysteresis):
             self._current_k = best
+
+    def _optimistic_verify_seconds(self, rows: int) -> float:
+        bonus = self._config.verify_optimism / math.sqrt(1.0 + self._verify.row_weight(rows))
+        return self._verify.seconds(rows) * (1.0 - bonus)
+
+    def _seconds_per_token_by_k(self, costs: RoundCosts) -> list[float]:
+        """Seconds per token for K = 0..k_max, with verify times of little-measured row counts
+        taken optimistically; K = 0 is ruled out (infinite) while an optimistic alpha,
+        zero_k_optimism posterior sd above the estimate, would still draft."""
+        cfg = self._config
+        alpha = self._alpha.alpha
+        costs = replace(costs, verify_fn=self._optimistic_verify_seconds)
+        times = [seconds_per_token(alpha, k, costs) for k in range(cfg.k_max + 1)]
+        optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)
+        if best_k(optimistic_alpha, costs, cfg.k_max) > 0:
+            times[0] = math.inf
+        return times
 
     def _schedule_probes(self, previous_k: int, observed_k: int) -> None:
         """Count K = 0 rounds to the next probe; back off after a probe that left K at 0."""
@@ -381,4 +419,5 @@ class AdaptiveKController:
             verify_b=coefficients[1] if coefficients else None,
             rtt_draft=own(self._rtt_draft),
             rtt_target=own(self._rtt_target),
+            verify_residuals=self._verify.residuals() if self._verify.session_samples > 0 else None,
         )

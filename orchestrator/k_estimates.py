@@ -13,7 +13,8 @@ information is discounted by the rounds elapsed, not by the samples taken.
   likelihood estimate under geometric acceptance; accepted / drafted is biased low, because the
   positions after the first rejection were never tested.
 - :class:`VerifyFit`: T_verify(n) ~ a + b * n, discounted least squares with a ridge pull towards a
-  prior (a0, b0), so it is defined from rounds that all used the same K.
+  prior (a0, b0), so it is defined from rounds that all used the same K; plus each row count's own
+  residual from that line, because real costs step at kernel block sizes.
 - :class:`ControllerPriors`: pool-wide figures that sessions update and new sessions start from.
 
 Pure Python: no I/O, no protobuf, no module-level state.
@@ -21,8 +22,9 @@ Pure Python: no I/O, no protobuf, no module-level state.
 
 from __future__ import annotations
 
+import math
 import threading
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 # The verify slope's ridge penalty is scaled as if measured at this many rows, so that a prior
 # strength of "s rounds" pulls the intercept and the slope about equally hard.
@@ -93,6 +95,13 @@ class AcceptanceEstimate:
         trials = self.accepted + self.rejected + self.prior_strength
         return successes / trials if trials > 0 else self.prior_alpha
 
+    @property
+    def alpha_sd(self) -> float:
+        """Standard deviation of the Beta posterior behind `alpha`."""
+        alpha = self.alpha
+        trials = self.accepted + self.rejected + self.prior_strength
+        return math.sqrt(alpha * (1.0 - alpha) / (trials + 1.0))
+
 
 @dataclass
 class VerifyFit:
@@ -101,13 +110,22 @@ class VerifyFit:
     Minimises  sum_i w_i (t_i - a - b n_i)^2 + s (a - a0)^2 + s r^2 (b - b0)^2  with w_i = decay^age
     and r a reference row count. When nothing seeds the prior, the first sample sets it, splitting
     its time as b0 = slope_ratio * a0.
+
+    A line is only the prior shape: on CPU the cost of a pass steps up at kernel block sizes (the
+    default target: 64, 68, 72 ms for 1-3 rows, then 98 ms for 4; bench_pair, session 7). So each
+    row count also keeps its mean residual from the line, discounted by `row_decay` per round (the
+    shape of the curve changes slowly; its level, which the line tracks, with the context), and
+    :meth:`seconds` adds it, shrunk by `row_shrink` rounds' worth of weight towards zero.
     """
 
     prior_strength: float  # s, in rounds
     decay: float  # fraction of old rounds' weight kept per round elapsed
     slope_ratio: float  # b0 / a0 when the first sample sets the prior
+    row_shrink: float = 1.0  # rounds' worth of pull of a row count's residual towards zero
+    row_decay: float = 0.998  # fraction of a row count's residual weight kept per round elapsed
     prior_a: float | None = None
     prior_b: float | None = None
+    prior_residuals: tuple[tuple[int, float], ...] = ()  # (rows, residual): one pseudo-sample each
     last_round: int | None = None
     session_samples: int = 0
     # Discounted sufficient statistics: sum w, w n, w n^2, w t, w n t.
@@ -116,11 +134,25 @@ class VerifyFit:
     _snn: float = 0.0
     _st: float = 0.0
     _snt: float = 0.0
+    # Per row count: (discounted weight, discounted sum of residuals, round of the last sample).
+    _by_rows: dict[int, tuple[float, float, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for rows, residual in self.prior_residuals:
+            self._by_rows[rows] = (1.0, residual, 0)
+
+    def residuals(self) -> tuple[tuple[int, float], ...]:
+        """(rows, mean residual from the line) for each row count with a sample or prior."""
+        now = self.last_round or 0
+        sums = {rows: self._row_sums(rows, now) for rows in self._by_rows}
+        return tuple((rows, total / weight) for rows, (weight, total) in sorted(sums.items())
+                     if weight > 1e-9)
 
     def update(self, rows: int, seconds: float, round_index: int) -> None:
         if self.prior_a is None or self.prior_b is None:
             self.prior_a = seconds / (1.0 + self.slope_ratio * rows)
             self.prior_b = self.slope_ratio * self.prior_a
+        residual = seconds - self._line(rows)  # against the line before this sample joins it
         if self.last_round is not None:
             keep = self.decay ** max(0, round_index - self.last_round)
             self._sw, self._sn, self._snn = self._sw * keep, self._sn * keep, self._snn * keep
@@ -130,8 +162,35 @@ class VerifyFit:
         self._snn += rows * rows
         self._st += seconds
         self._snt += rows * seconds
+        weight, total = self._row_sums(rows, round_index)
+        self._by_rows[rows] = (weight + 1.0, total + residual, round_index)
         self.last_round = round_index
         self.session_samples += 1
+
+    def _row_sums(self, rows: int, round_index: int) -> tuple[float, float]:
+        """A row count's discounted (weight, sum of residuals) as of `round_index`."""
+        if rows not in self._by_rows:
+            return 0.0, 0.0
+        weight, total, last = self._by_rows[rows]
+        keep = self.row_decay ** max(0, round_index - last)
+        return weight * keep, total * keep
+
+    def row_weight(self, rows: int) -> float:
+        """Discounted count of the samples measured at this row count (0 if never)."""
+        if self.last_round is None:
+            return 0.0
+        return self._row_sums(rows, self.last_round)[0]
+
+    def _line(self, rows: int) -> float:
+        coefficients = self.coefficients()
+        if coefficients is None:
+            raise ValueError("VerifyFit has no sample and no prior yet")
+        return coefficients[0] + coefficients[1] * rows
+
+    def seconds(self, rows: int) -> float:
+        """Predicted T_verify(rows): the line plus the row count's shrunk mean residual."""
+        weight, total = self._row_sums(rows, self.last_round or 0)
+        return max(0.0, self._line(rows) + total / (weight + self.row_shrink))
 
     def coefficients(self) -> tuple[float, float] | None:
         """(a, b) with a, b >= 0, or None before any sample or prior."""
@@ -164,6 +223,13 @@ class PriorEstimates:
     verify_b: float | None = None
     rtt_draft: float | None = None
     rtt_target: float | None = None
+    # (rows, mean residual from the verify line in seconds) for each row count measured: the shape
+    # of T_verify(n) that a line misses, e.g. the step at 4 rows on this CPU
+    verify_residuals: tuple[tuple[int, float], ...] | None = None
+
+
+def _blend(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else old + weight * (new - old)
 
 
 class ControllerPriors:
@@ -187,11 +253,17 @@ class ControllerPriors:
     def update(self, session: PriorEstimates) -> None:
         """Blend in one session's current estimates (its None fields leave the prior alone)."""
         with self._lock:
-            changes: dict[str, float] = {}
+            changes: dict[str, object] = {}
             for field in fields(PriorEstimates):
                 new = getattr(session, field.name)
                 if new is None:
                     continue
                 old = getattr(self._current, field.name)
-                changes[field.name] = new if old is None else old + self._weight * (new - old)
+                if field.name == "verify_residuals":  # blended row count by row count
+                    merged = dict(old or ())
+                    for rows, residual in new:
+                        merged[rows] = _blend(merged.get(rows), residual, self._weight)
+                    changes[field.name] = tuple(sorted(merged.items()))
+                else:
+                    changes[field.name] = _blend(old, new, self._weight)
             self._current = replace(self._current, **changes)
