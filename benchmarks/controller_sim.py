@@ -1,0 +1,126 @@
+"""The adaptive K controller against fixed K in a simulated world, in seconds (no models, no services).
+
+A simulation, not a measurement: it replays the controller (orchestrator/k_controller.py) on a cost
+model taken from the default pair's pair benchmark on this CPU (session 7: T_verify by row count
+64, 68, 72, 98, 102, 104, 121, 126, 126 ms for 1-9 rows, a 7 ms draft pass, one hop's RTT) and
+on per-prompt acceptance rates from the same benchmark (alpha 0.20-0.64, geometric acceptance),
+with multiplicative timing noise. Sessions run one after another through one pool's priors, as
+the benchmark's prompts do. It prints tokens per second over K = 0 for fixed K and for the
+controller, averaged over seeds: a quick check of a controller change (seconds) before the real
+A/B through the services (`bench_pair.py --ks 1 --temperatures 0 --concurrency '' --skip-hf`).
+
+    python benchmarks/controller_sim.py
+    python benchmarks/controller_sim.py --rtt-ms 35 --seeds 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from orchestrator.k_controller import AdaptiveKController, KControllerConfig  # noqa: E402
+from orchestrator.k_estimates import ControllerPriors  # noqa: E402
+from orchestrator.k_policy import FixedK, KPolicy, RoundObservation  # noqa: E402
+
+# The default pair on this CPU, one torch thread per service (bench_pair, session 7), seconds.
+VERIFY_BY_ROWS = (0.0635, 0.0684, 0.0724, 0.0976, 0.1022, 0.1036, 0.1206, 0.1257, 0.1260)
+VERIFY_SLOPE_BEYOND = 0.006  # per row past the table
+DRAFT_PASS = 0.0070
+FEED_PER_TOKEN = 0.004  # catch-up tokens fed in one pass
+PROMPT_ALPHAS = (0.62, 0.52, 0.39, 0.30, 0.64, 0.38, 0.20, 0.29)  # greedy, K = 4, per prompt
+
+
+@dataclass(frozen=True)
+class World:
+    rtt: float  # per hop, seconds
+    noise: float  # sd of the log of each time's multiplicative noise
+    tokens: int  # committed tokens per session
+
+    def verify(self, rows: int) -> float:
+        if rows <= len(VERIFY_BY_ROWS):
+            return VERIFY_BY_ROWS[rows - 1]
+        return VERIFY_BY_ROWS[-1] + VERIFY_SLOPE_BEYOND * (rows - len(VERIFY_BY_ROWS))
+
+
+def session_seconds(policy: KPolicy, alpha: float, world: World, rng: random.Random) -> float:
+    """Seconds for one session of world.tokens committed tokens."""
+    def noisy(seconds: float) -> float:
+        return seconds * rng.lognormvariate(0.0, world.noise)
+
+    elapsed, done, draft_lacks = 0.0, 0, 1
+    while done < world.tokens:
+        k = policy.choose(world.tokens - done - 1)
+        accepted, fed, draft_compute, draft_wall = 0, 0, 0.0, 0.0
+        if k > 0:
+            while accepted < k and rng.random() < alpha:
+                accepted += 1
+            fed = draft_lacks + k - 1
+            draft_compute = noisy(k * DRAFT_PASS + (draft_lacks - 1) * FEED_PER_TOKEN)
+            draft_wall = draft_compute + noisy(world.rtt)
+            draft_lacks = 2 if accepted == k else 1
+        else:
+            draft_lacks += 1
+        verify_compute = noisy(world.verify(k + 1))
+        verify_wall = verify_compute + noisy(world.rtt)
+        policy.observe(RoundObservation(k, accepted, (), draft_compute, draft_wall, fed,
+                                        verify_compute, verify_wall))
+        elapsed += draft_wall + verify_wall
+        done += accepted + 1
+    return elapsed
+
+
+def tokens_per_second(make_policy, world: World, seed: int, passes: int) -> float:
+    rng = random.Random(seed)
+    priors = ControllerPriors()
+    seconds = tokens = 0.0
+    for _ in range(passes):
+        for alpha in PROMPT_ALPHAS:
+            seconds += session_seconds(make_policy(priors), alpha, world, rng)
+            tokens += world.tokens
+    return tokens / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rtt-ms", type=float, default=2.3, help="per hop (default: loopback)")
+    parser.add_argument("--noise", type=float, default=0.12)
+    parser.add_argument("--tokens", type=int, default=48, help="committed tokens per session")
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--passes", type=int, default=3, help="passes over the prompts per seed")
+    parser.add_argument("--k-max", type=int, default=16)
+    args = parser.parse_args(argv)
+    world = World(args.rtt_ms / 1e3, args.noise, args.tokens)
+    config = KControllerConfig(k_max=args.k_max)
+
+    def mean_rate(make_policy) -> float:
+        return statistics.mean(tokens_per_second(make_policy, world, seed, args.passes)
+                               for seed in range(args.seeds))
+
+    def adaptive(cfg: KControllerConfig):
+        return lambda priors: AdaptiveKController(cfg, priors)
+
+    baseline = mean_rate(lambda priors: FixedK(0))
+    rows = [(f"K={k}", mean_rate(lambda priors, k=k: FixedK(k))) for k in (1, 2, 3)]
+    rows.append(("adaptive (defaults)", mean_rate(adaptive(config))))
+    without = replace(config, verify_optimism=0.0, zero_k_optimism=0.0)
+    rows.append(("adaptive, no optimism", mean_rate(adaptive(without))))
+    line_only = replace(without, verify_row_shrink=1e12, pool_alpha_strength=1.0)
+    rows.append(("adaptive as in session 7", mean_rate(adaptive(line_only))))
+    print(f"simulated: RTT {args.rtt_ms} ms per hop, {args.tokens} tokens per session, "
+          f"{args.seeds} seeds x {args.passes} passes over {len(PROMPT_ALPHAS)} prompts")
+    print(f"{'schedule':26s}  tokens/s over K=0")
+    for name, rate in rows:
+        print(f"{name:26s}  {rate / baseline:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
