@@ -381,7 +381,9 @@ class AdaptiveKController:
         zero_k_optimism posterior sd above the estimate, would still draft."""
         cfg = self._config
         alpha = self._alpha.alpha
-        costs = replace(costs, verify_fn=self._optimistic_verify_seconds)
+        # Each row count's optimistic time once per decision: both argmins below read it.
+        verify = [self._optimistic_verify_seconds(rows) for rows in range(1, cfg.k_max + 2)]
+        costs = replace(costs, verify_fn=lambda rows: verify[rows - 1])
         times = [seconds_per_token(alpha, k, costs) for k in range(cfg.k_max + 1)]
         optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)
         if best_k(optimistic_alpha, costs, cfg.k_max) > 0:
