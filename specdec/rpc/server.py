@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from google.protobuf.message import DecodeError
 
 from specdec.rpc.errors import ErrorMappingInterceptor
+from specdec.worker import run_on_model_thread
 
 log = logging.getLogger(__name__)
 
@@ -272,14 +273,14 @@ async def serve_model_until_signal(
     load: Callable[[], Any],
     start: Callable[[Any, RunningServer], Awaitable[Any]],
 ) -> None:
-    """The life of a model service process: health up (NOT_SERVING) while load() runs on a thread,
-    start(loaded, running) -> service opens the service port, a READY line is printed, and on
-    SIGTERM / SIGINT the service drains (no new sessions; existing ones finish), the server stops,
-    and the service's worker and expiry stop."""
+    """The life of a model service process: health up (NOT_SERVING) while load() runs on the
+    model thread (specdec.worker), start(loaded, running) -> service opens the service port, a
+    READY line is printed, and on SIGTERM / SIGINT the service drains (no new sessions; existing
+    ones finish), the server stops, and the service's worker and expiry stop."""
     running = RunningServer(server_config, [service_name])
     running.catch_signals()  # a SIGTERM while the model loads stops the process cleanly after it
     await running.start_health()
-    loaded = await asyncio.to_thread(load)
+    loaded = await run_on_model_thread(load)  # the thread that will run its forward passes
     service = await start(loaded, running)
     expiry = asyncio.create_task(service.expire_forever())
     print(f"READY {role} {server_config.host}:{running.port} health={running.health_port} "
