@@ -14,6 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from specdec import attention
+
 log = logging.getLogger(__name__)
 
 Role = Literal["target", "draft"]
@@ -108,6 +110,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         tokenizer = load_tokenizer(path)
     model.eval()
     model.requires_grad_(False)
+    attention.use_on_cpu(model)
     max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
     return LoadedModel(
         model=model,

@@ -1,0 +1,98 @@
+"""What a target pass over n tokens costs relative to one (T_verify(n) / T_verify(1), DESIGN.md
+section 4), with Hugging Face's sdpa attention and with specdec's (specdec/attention.py, which
+keeps grouped-query key/value heads unrepeated under a mask), alternating in one process.
+
+Each measurement feeds n tokens after a cache of --context tokens and crops them off again; the
+two attention implementations take turns repetition by repetition, so a machine that speeds up or
+slows down affects both alike. Also checks that both give the same logits.
+
+    python benchmarks/verify_cost.py                      # the default target, about a minute
+    python benchmarks/verify_cost.py --threads 1 --rows 1,2,3,4,5,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from specdec import attention  # noqa: E402
+from specdec.kv_cache import SequenceCache  # noqa: E402
+from specdec.models import ModelConfig, load_model  # noqa: E402
+
+IMPLEMENTATIONS = {"hf sdpa": "sdpa", "specdec": attention.NAME}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="default", help="a target directory or 'default'")
+    parser.add_argument("--role", default="target", choices=["target", "draft"])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
+    parser.add_argument("--rows", default="1,2,3,4,5,6,8", help="tokens per pass, comma-separated")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=None, help="append the table to this file")
+    return parser.parse_args(argv)
+
+
+def pass_seconds(cache: SequenceCache, tokens: list[int]) -> tuple[float, torch.Tensor]:
+    started = time.perf_counter()
+    logits = cache.feed(tokens)
+    elapsed = time.perf_counter() - started
+    cache.truncate(len(cache) - len(tokens))
+    return elapsed, logits
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    model = load_model(ModelConfig(args.model, args.role)).model
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    low, high = min(100, vocab // 2), min(20000, vocab)  # ordinary tokens, no special ones
+    context = torch.randint(low, high, (args.context,), generator=generator).tolist()
+    fed = torch.randint(low, high, (max(rows),), generator=generator).tolist()
+    cache = SequenceCache(model)
+    cache.feed(context)
+    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in rows} for name in IMPLEMENTATIONS}
+    largest_difference = 0.0
+    for repeat in range(args.repeats + 1):  # the first round warms up and is not kept
+        for n in rows:
+            logits = {}
+            for name, implementation in IMPLEMENTATIONS.items():
+                model.set_attn_implementation(implementation)
+                seconds, logits[name] = pass_seconds(cache, fed[:n])
+                if repeat:
+                    times[name][n].append(seconds)
+            first, second = logits.values()
+            largest_difference = max(largest_difference, float((first - second).abs().max()))
+    median = {name: {n: statistics.median(t) for n, t in by_rows.items()} for name, by_rows in times.items()}
+    lines = [f"# python benchmarks/verify_cost.py --threads {args.threads or torch.get_num_threads()} "
+             f"--context {args.context}  ({args.model} {args.role}, {args.repeats} repetitions, alternating)",
+             "| tokens per pass | " + " | ".join(f"{name}: ms (× one token)" for name in IMPLEMENTATIONS) + " |",
+             "|---|" + "---|" * len(IMPLEMENTATIONS)]
+    for n in rows:
+        cells = [f"{1000 * median[name][n]:.1f} ({median[name][n] / median[name][1]:.2f}×)" for name in IMPLEMENTATIONS]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append(f"largest logit difference between the two: {largest_difference:.3g}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as out:
+            out.write(text + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
