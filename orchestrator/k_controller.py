@@ -371,9 +371,11 @@ class AdaptiveKController:
         if best != current and times[best] < times[current] * (1.0 - self._config.hysteresis):
             self._current_k = best
 
-    def _optimistic_verify_seconds(self, rows: int) -> float:
-        bonus = self._config.verify_optimism / math.sqrt(1.0 + self._verify.row_weight(rows))
-        return self._verify.seconds(rows) * (1.0 - bonus)
+    def _optimistic_verify_seconds(self, max_rows: int) -> list[float]:
+        """T_verify(1 .. max_rows), each row count taken as cheaper the less it was measured."""
+        optimism = self._config.verify_optimism
+        return [seconds * (1.0 - optimism / math.sqrt(1.0 + self._verify.row_weight(rows)))
+                for rows, seconds in enumerate(self._verify.seconds_up_to(max_rows), start=1)]
 
     def _seconds_per_token_by_k(self, costs: RoundCosts) -> list[float]:
         """Seconds per token for K = 0..k_max, with verify times of little-measured row counts
@@ -382,7 +384,7 @@ class AdaptiveKController:
         cfg = self._config
         alpha = self._alpha.alpha
         # Each row count's optimistic time once per decision: both argmins below read it.
-        verify = [self._optimistic_verify_seconds(rows) for rows in range(1, cfg.k_max + 2)]
+        verify = self._optimistic_verify_seconds(cfg.k_max + 1)
         costs = replace(costs, verify_fn=lambda rows: verify[rows - 1])
         times = [seconds_per_token(alpha, k, costs) for k in range(cfg.k_max + 1)]
         optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)

@@ -181,16 +181,29 @@ class VerifyFit:
             return 0.0
         return self._row_sums(rows, self.last_round)[0]
 
-    def _line(self, rows: int) -> float:
+    def _fitted_line(self) -> tuple[float, float]:
         coefficients = self.coefficients()
         if coefficients is None:
             raise ValueError("VerifyFit has no sample and no prior yet")
-        return coefficients[0] + coefficients[1] * rows
+        return coefficients
+
+    def _line(self, rows: int) -> float:
+        a, b = self._fitted_line()
+        return a + b * rows
 
     def seconds(self, rows: int) -> float:
         """Predicted T_verify(rows): the line plus the row count's shrunk mean residual."""
-        weight, total = self._row_sums(rows, self.last_round or 0)
-        return max(0.0, self._line(rows) + total / (weight + self.row_shrink))
+        return self.seconds_up_to(rows, first=rows)[0]
+
+    def seconds_up_to(self, max_rows: int, first: int = 1) -> list[float]:
+        """seconds(rows) for rows = first .. max_rows, solving the line once."""
+        a, b = self._fitted_line()
+        now = self.last_round or 0
+        predictions = []
+        for rows in range(first, max_rows + 1):
+            weight, total = self._row_sums(rows, now)
+            predictions.append(max(0.0, a + b * rows + total / (weight + self.row_shrink)))
+        return predictions
 
     def coefficients(self) -> tuple[float, float] | None:
         """(a, b) with a, b >= 0, or None before any sample or prior."""
