@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specdec.distill.config import GENERATION_DTYPES, DistillConfig
+from specdec.distill.config import COMPUTE_DTYPES, DistillConfig
 
 
 def register(subparsers) -> None:
@@ -32,11 +32,14 @@ def register(subparsers) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens)
     parser.add_argument("--generation-batch-size", type=int,
                         default=defaults.generation_batch_size)
-    parser.add_argument("--generation-dtype", choices=GENERATION_DTYPES,
+    parser.add_argument("--generation-dtype", choices=COMPUTE_DTYPES,
                         default=defaults.generation_dtype,
                         help="the target's dtype while it writes and answers prompts (auto: "
                              "bfloat16 on CUDA or a CPU with native bfloat16, else float32)")
     parser.add_argument("--layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--train-dtype", choices=COMPUTE_DTYPES, default=defaults.train_dtype,
+                        help="autocast dtype of the training passes (auto: as --generation-dtype; "
+                             "weights and optimizer stay float32)")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--max-train-seconds", type=float, default=defaults.max_train_seconds,
                         help="stop training after this long, whichever of --steps or this comes "
@@ -71,6 +74,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         generation_batch_size=args.generation_batch_size,
         generation_dtype=args.generation_dtype,
         num_layers=args.layers,
+        train_dtype=args.train_dtype,
         steps=args.steps,
         max_train_seconds=args.max_train_seconds or None,
         batch_size=args.batch_size,

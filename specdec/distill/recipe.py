@@ -54,15 +54,21 @@ def _log(config: DistillConfig, message: str) -> None:
     print(f"[distill] {message}", flush=True)
 
 
-def generation_dtype(config: DistillConfig) -> torch.dtype:
-    """The dtype the target writes and answers prompts in (DistillConfig.generation_dtype)."""
-    if config.generation_dtype != "auto":
-        return getattr(torch, config.generation_dtype)
-    if config.device.startswith("cuda"):
+def compute_dtype(choice: str, device: str) -> torch.dtype:
+    """A COMPUTE_DTYPES choice as a torch dtype: auto is bfloat16 on CUDA or on a CPU that
+    computes it natively (AVX512-BF16 or AMX), else float32."""
+    if choice != "auto":
+        return getattr(torch, choice)
+    if device.startswith("cuda"):
         return torch.bfloat16
     native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
         torch.cpu, "_is_amx_tile_supported", lambda: False)()
     return torch.bfloat16 if native else torch.float32
+
+
+def generation_dtype(config: DistillConfig) -> torch.dtype:
+    """The dtype the target writes and answers prompts in (DistillConfig.generation_dtype)."""
+    return compute_dtype(config.generation_dtype, config.device)
 
 
 def build_prompt_ids(config: DistillConfig, target, tokenizer) -> list[list[int]]:
@@ -150,7 +156,8 @@ def run_distill(config: DistillConfig) -> DistillResult:
         return evaluate_held_out(model, validation, config.eval_num_speculative_tokens,
                                  ).greedy_agreement
 
-    training = train_draft(draft, train, config, pad_id, validate if validation else None)
+    training = train_draft(draft, train, config, pad_id, validate if validation else None,
+                           autocast_dtype=compute_dtype(config.train_dtype, config.device))
     num_trained_ids = int(kept_ids.numel())
     if config.min_token_count > 1:
         kept_ids = kept_ids_from_examples(train, extra, config.min_token_count)

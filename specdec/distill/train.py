@@ -119,8 +119,12 @@ def distill_loss(logits: torch.Tensor, batch: Batch, soft_weight: float) -> torc
 
 
 def train_draft(draft, train: list[Example], config: DistillConfig, pad_id: int,
-                validate: Callable[[object], float] | None = None) -> dict:
+                validate: Callable[[object], float] | None = None,
+                autocast_dtype: torch.dtype = torch.float32) -> dict:
     """Train in place; returns a summary (steps done, seconds, final loss).
+
+    With autocast_dtype other than float32 the draft's forward and backward passes run under
+    torch.autocast in it; the loss, weights, gradients and optimizer stay float32.
 
     With config.eval_every_steps > 0 and `validate` (model -> score, higher is better), the
     weights with the best score seen are restored at the end.
@@ -153,7 +157,10 @@ def train_draft(draft, train: list[Example], config: DistillConfig, pad_id: int,
             group["lr"] = lr
         batch = make_batch(rng.sample(train, min(config.batch_size, len(train))), vocab_to_kept,
                            pad_id).to(device)
-        loss = distill_loss(restricted_logits(draft, batch), batch, config.soft_label_weight)
+        with torch.autocast(device.type, dtype=autocast_dtype,
+                            enabled=autocast_dtype != torch.float32):
+            logits = restricted_logits(draft, batch)
+        loss = distill_loss(logits.float(), batch, config.soft_label_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -166,7 +173,7 @@ def train_draft(draft, train: list[Example], config: DistillConfig, pad_id: int,
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", lr=f"{lr:.2e}")
     bar.close()
     draft.eval()
-    summary = {"steps": step}
+    summary = {"steps": step, "train_dtype": str(autocast_dtype).removeprefix("torch.")}
     if validate is not None and config.eval_every_steps:
         best = _checkpoint(draft, validate, step, best)
         draft.load_state_dict(best[2])

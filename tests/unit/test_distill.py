@@ -171,7 +171,7 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     argv = ["distill", "--target", str(target_dir), "--out", str(out_dir), "--num-prompts", "24",
             "--max-new-tokens", "12", "--layers", "1", "--steps", "6", "--batch-size", "4",
             "--eval-every", "3", "--validation-answers", "2", "--min-token-count", "2",
-            "--data", str(data_path), "--generation-dtype", "bfloat16",
+            "--data", str(data_path), "--generation-dtype", "bfloat16", "--train-dtype", "bfloat16",
             "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -185,6 +185,7 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     assert spec.target == str(target_dir.resolve())
     assert spec.training["num_held_out_answers"] >= 1 and "best_step" in spec.training
     assert spec.training["generation_dtype"] == "bfloat16"  # answers from a bfloat16 copy
+    assert spec.training["train_dtype"] == "bfloat16"  # trained under bfloat16 autocast
     draft = load_draft(out_dir, dtype=torch.float32)
     with torch.no_grad():
         logits = draft(input_ids=torch.tensor([[5, 6, 7]])).logits
@@ -195,8 +196,8 @@ def test_distill_end_to_end_on_a_tiny_target(tmp_path, capsys):
     assert read_draft_spec(tmp_path / "again").training["generation_dtype"] is None  # none generated
 
 
-def test_generation_dtype_resolves_auto_and_rejects_others():
-    from specdec.distill.recipe import generation_dtype
+def test_generation_and_train_dtypes_resolve_auto_and_reject_others():
+    from specdec.distill.recipe import compute_dtype, generation_dtype
 
     def config(**kwargs):
         return DistillConfig(target="default", out_dir=Path("x"), **kwargs)
@@ -205,8 +206,42 @@ def test_generation_dtype_resolves_auto_and_rejects_others():
     assert generation_dtype(config(generation_dtype="bfloat16")) == torch.bfloat16
     assert generation_dtype(config(device="cuda")) == torch.bfloat16
     assert generation_dtype(config()) in (torch.bfloat16, torch.float32)  # by the CPU's features
+    assert compute_dtype("auto", "cpu") == generation_dtype(config())  # one rule for both
+    assert compute_dtype("float32", "cuda") == torch.float32
     with pytest.raises(ValueError, match="generation_dtype"):
         config(generation_dtype="float16")
+    with pytest.raises(ValueError, match="train_dtype"):
+        config(train_dtype="float16")
+
+
+def test_training_under_bfloat16_autocast_learns_and_keeps_float32_weights(tmp_path):
+    """The recipe's default on a CPU with native bfloat16: the passes run under autocast, the
+    weights and optimizer stay float32, and the draft still fits its training answers."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.distill.evaluate import evaluate_held_out
+    from specdec.distill.train import init_draft_from_target, train_draft
+
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_pretrained(make_tiny_target(tmp_path / "t", seed=3)).eval()
+    generator = torch.Generator().manual_seed(0)
+    examples = []
+    for _ in range(16):  # a fixed continuation rule the draft can learn: next id = id + 1
+        start = int(torch.randint(10, 60, (1,), generator=generator))
+        answer = list(range(start + 4, start + 16))
+        examples.append(Example(list(range(start, start + 4)), answer,
+                                torch.tensor([[a] for a in answer], dtype=torch.int32),
+                                torch.zeros(len(answer), 1, dtype=torch.float16)))
+    draft = init_draft_from_target(target, 1, kept_ids_from_examples(examples, [0]))
+    before = evaluate_held_out(draft, examples, 4).greedy_agreement
+    config = DistillConfig(target="tiny", out_dir=tmp_path / "d", steps=60, batch_size=8,
+                           learning_rate=3e-3, warmup_steps=0, eval_every_steps=0,
+                           max_train_seconds=None, progress=False)
+    summary = train_draft(draft, examples, config, pad_id=0, autocast_dtype=torch.bfloat16)
+    after = evaluate_held_out(draft, examples, 4).greedy_agreement
+    assert summary["train_dtype"] == "bfloat16" and summary["steps"] == 60
+    assert all(p.dtype == torch.float32 for p in draft.parameters())
+    assert after > max(0.9, before), (before, after)
 
 
 def test_prune_head_keeps_the_logits_of_kept_ids(tmp_path):
