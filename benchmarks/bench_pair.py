@@ -277,7 +277,8 @@ def main(argv=None) -> int:
             str(t): {s: ratio(runs, t, s, kinds=("code", "explanation")) for s in schedules if s != "off"}
             for t in temperatures},
         "target_only_tps": {str(t): rate(runs, t, "off") for t in temperatures},
-        "tau": {str(t): {s: tau(runs, t, s) for s in schedules if s.startswith("k=")} for t in temperatures},
+        "tau": {str(t): {s: tau(runs, t, s) for s in schedules if s != "off"} for t in temperatures},
+        "mean_k": {str(t): {s: mean_k(runs, t, s) for s in schedules if s != "off"} for t in temperatures},
         "model": measured_model(runs) if 0.0 in temperatures and 4 in ks else {},
         "concurrency": streams,
         "greedy_mismatches": mismatches,
@@ -306,6 +307,12 @@ def tau(runs, temperature, schedule) -> float:
     return (sum(r.accepted for r in chosen) + rounds) / rounds if rounds else 0.0
 
 
+def mean_k(runs, temperature, schedule) -> float:
+    """K per round over the schedule's runs (the adaptive controller's mean choice)."""
+    ks = [k for r in runs if r.temperature == temperature and r.schedule == schedule for k in r.ks]
+    return sum(ks) / len(ks) if ks else 0.0
+
+
 def resolved_dirs(args) -> tuple[str, str]:
     from specdec.models import resolve_model_dir
 
@@ -313,15 +320,16 @@ def resolved_dirs(args) -> tuple[str, str]:
 
 
 def format_report(report: dict, temperatures, schedules) -> str:
-    lines = ["| temperature | schedule | speedup vs target-only (all) | code+explanation | tau |",
-             "|---|---|---|---|---|"]
+    lines = ["| temperature | schedule | speedup vs target-only (all) | code+explanation | tau | mean K |",
+             "|---|---|---|---|---|---|"]
     for t in temperatures:
         for s in schedules:
             if s == "off":
                 continue
             lines.append(f"| {t} | {s} | {report['speedup'][str(t)][s]:.2f}x | "
                          f"{report['speedup_code_explanation'][str(t)][s]:.2f}x | "
-                         f"{report['tau'][str(t)].get(s, float('nan')):.2f} |")
+                         f"{report['tau'][str(t)].get(s, float('nan')):.2f} | "
+                         f"{report.get('mean_k', {}).get(str(t), {}).get(s, float('nan')):.2f} |")
     lines.append("")
     lines.append("| temperature | target-only tok/s (services) | HF target alone tok/s | HF assisted tok/s | HF assisted speedup |")
     lines.append("|---|---|---|---|---|")

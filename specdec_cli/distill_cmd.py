@@ -19,7 +19,7 @@ def register(subparsers) -> None:
                     "requests, plus some from Python's documentation), train "
                     "a small draft on its answers, report held-out greedy agreement and mean "
                     "committed tokens per round, and write a specdec draft dir. The defaults "
-                    "reproduce the committed default draft (about 110 minutes on 2 CPU cores).",
+                    "reproduce the committed default draft (80-110 minutes on 2 CPU cores).",
     )
     parser.add_argument("--target", required=True,
                         help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")

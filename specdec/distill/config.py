@@ -15,7 +15,7 @@ class DistillConfig:
     The draft is `num_layers` Llama layers at the target's width, initialised from the target's
     first layers, with the target's embedding frozen and borrowed, and a head over only the token
     ids the target emitted in the training answers. The defaults are the run that made the
-    committed default draft (about 110 minutes on a 2-core CPU; see its TRAINING.md).
+    committed default draft (80-110 minutes on a 2-core CPU, by its speed; see its TRAINING.md).
     """
 
     target: str  # "default" or a Hugging Face directory
@@ -32,13 +32,13 @@ class DistillConfig:
     # end to end 1.6x), else float32. The answers and their top-k logits (the labels) are that
     # copy's; the draft's init and the cost measurement use the float32 target.
     num_layers: int = 2
-    train_dtype: str = "float32"  # the forward and backward passes of training run under
-    # autocast in this dtype (auto: as generation_dtype; weights, gradients and the optimizer stay
-    # float32). On this project's CPU (AMX) a bfloat16 training step takes 0.6x a float32 one.
-    steps: int = 1400
+    train_dtype: str = "auto"  # the forward and backward passes of training run under autocast
+    # in this dtype (auto: as generation_dtype; weights, gradients and the optimizer stay float32).
+    # On this project's CPU (AMX) a bfloat16 training step takes 0.6x a float32 one.
+    steps: int = 4000
     max_train_seconds: float | None = 3000.0  # stop training early; the LR schedule follows
     # whichever of steps or time runs out first (the default keeps a full run of the defaults
-    # under two hours on a 2-core CPU, where 1,400 steps take about 67 minutes)
+    # under two hours on a 2-core CPU, where the cap ends training first: 2,453 steps for v6)
     batch_size: int = 32
     learning_rate: float = 5e-4
     weight_decay: float = 0.0

@@ -37,6 +37,11 @@ def test_every_schedule_and_temperature_is_measured(quick_run):
         assert data["hf_assisted"][temperature]["assisted_tps"] > 0
     assert set(data["concurrency"]) == {"1", "4"}
     assert "| 0.0 | adaptive |" in markdown
+    for temperature in ("0.0", "0.7"):  # tau and mean K for every schedule, adaptive included
+        assert set(data["tau"][temperature]) == set(data["mean_k"][temperature]) == {"k=1", "k=4", "adaptive"}
+        assert data["tau"][temperature]["adaptive"] >= 1.0
+        assert data["mean_k"][temperature]["k=4"] <= 4.0
+    assert "nan" not in markdown.split("\n\n")[0]  # the speedup table has every cell
 
 
 def test_per_round_records_add_up(quick_run):
