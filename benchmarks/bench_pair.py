@@ -328,8 +328,7 @@ def format_report(report: dict, temperatures, schedules) -> str:
                 continue
             lines.append(f"| {t} | {s} | {report['speedup'][str(t)][s]:.2f}x | "
                          f"{report['speedup_code_explanation'][str(t)][s]:.2f}x | "
-                         f"{report['tau'][str(t)].get(s, float('nan')):.2f} | "
-                         f"{report.get('mean_k', {}).get(str(t), {}).get(s, float('nan')):.2f} |")
+                         f"{report['tau'][str(t)][s]:.2f} | {report['mean_k'][str(t)][s]:.2f} |")
     lines.append("")
     lines.append("| temperature | target-only tok/s (services) | HF target alone tok/s | HF assisted tok/s | HF assisted speedup |")
     lines.append("|---|---|---|---|---|")
