@@ -1,18 +1,20 @@
 """The draft's model work for one session, in plain Python and torch (no protobuf, no gRPC).
 
-Cache invariant (DESIGN.md section 2): after a Propose of K tokens the cache holds C followed by
-d1 .. d(K-1) (dK is never fed). The next Propose keeps the longest prefix of the cache that is still
-committed, feeds the rest of C, and drafts from there.
+Cache invariant (docs/architecture.md, "The cache invariant"): after a Propose of K tokens the
+cache holds C followed by d1 .. d(K-1) (dK is never fed). The next Propose keeps the longest prefix
+of the cache that is still committed, feeds the rest of C, and drafts from there. So a rejection
+costs no extra round trip: the draft reconciles on the call it gets anyway.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
+from specdec.protocol import Proposal, SparseDistribution
 from specdec.sampling import (
     SamplingParams,
     keyed_uniform,
@@ -30,14 +32,6 @@ class DraftSessionState:
     sampling: SamplingParams
 
 
-@dataclass(frozen=True)
-class Proposal:
-    token_ids: tuple[int, ...]
-    # Sampling only: (token_ids (M,), probs (M,) float32) each token was drawn from.
-    distributions: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(default=())
-    fed_tokens: int = 0  # tokens fed this call: catch-up plus d1 .. d(K-1)
-
-
 class DraftEngine:
     def __init__(self, loaded: LoadedModel, top_m: int) -> None:
         self.loaded = loaded
@@ -48,7 +42,9 @@ class DraftEngine:
         cache.feed(token_ids)
         return DraftSessionState(cache=cache, committed=list(token_ids), sampling=sampling)
 
-    def propose(self, state: DraftSessionState, new_committed: list[int], num_draft: int) -> Proposal:
+    def propose(
+        self, state: DraftSessionState, new_committed: list[int], num_speculative_tokens: int
+    ) -> Proposal:
         state.committed.extend(new_committed)
         committed = state.committed
         cache = state.cache
@@ -58,21 +54,21 @@ class DraftEngine:
         logits = cache.feed(to_feed)[-1]  # (V,)
         fed = len(to_feed)
         token_ids: list[int] = []
-        distributions: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i in range(num_draft):
+        distributions: list[SparseDistribution] = []
+        for i in range(num_speculative_tokens):
             position = len(committed) + i
             token, distribution = self._draw(logits, state.sampling, position)
             token_ids.append(token)
             if distribution is not None:
                 distributions.append(distribution)
-            if i < num_draft - 1:
+            if i < num_speculative_tokens - 1:
                 logits = cache.feed([token])[-1]
                 fed += 1
         return Proposal(tuple(token_ids), tuple(distributions), fed)
 
     def _draw(
         self, logits: torch.Tensor, sampling: SamplingParams, position: int
-    ) -> tuple[int, tuple[torch.Tensor, torch.Tensor] | None]:
+    ) -> tuple[int, SparseDistribution | None]:
         if sampling.greedy:
             return int(logits.argmax()), None
         probs = process_logits(logits, sampling)  # (V,)
@@ -80,7 +76,8 @@ class DraftEngine:
         # Sample from the very vector that is sent, read the way the target reads it.
         dense = sparse_to_dense(ids, wire_probs, probs.shape[-1]).unsqueeze(0)  # (1, V)
         uniform = torch.tensor([keyed_uniform(sampling.seed, position, "draft")], dtype=torch.float64)
-        return int(sample_categorical(dense, uniform)[0]), (ids, wire_probs)
+        sent = SparseDistribution(tuple(ids.tolist()), tuple(wire_probs.tolist()))
+        return int(sample_categorical(dense, uniform)[0]), sent
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

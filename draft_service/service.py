@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draft_service.engine import DraftEngine, DraftSessionState, Proposal
+from draft_service.engine import DraftEngine, DraftSessionState
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.models import LoadedModel
-from specdec.sampling import MAX_DRAFT_TOP_M, SamplingParams
-from specdec.serving import Handle, ServiceConfig, SessionService, Timing
+from specdec.protocol import MAX_DRAFT_TOP_M, Handle, Proposal, SamplingParams, Timing, check_token_ids
+from specdec.serving import ServiceConfig, SessionService
 
 
 @dataclass(frozen=True)
@@ -38,22 +38,20 @@ class DraftService(SessionService[DraftSessionState]):
         return await self.new_session(session_id, token_ids, build)
 
     async def propose(
-        self, handle: Handle, new_committed: list[int], num_draft: int
+        self, handle: Handle, new_committed: list[int], num_speculative_tokens: int
     ) -> tuple[Handle, Proposal, Timing]:
         limit = self.config.max_num_speculative_tokens
-        if not 1 <= num_draft <= limit:
-            raise OutOfRange(f"num_speculative_tokens must be in [1, {limit}], got {num_draft}")
-        vocab = self.loaded.vocab_size
-        if any(not 0 <= t < vocab for t in new_committed):
-            raise OutOfRange(f"new_committed_token_ids must be in [0, {vocab})")
+        if not 1 <= num_speculative_tokens <= limit:
+            raise OutOfRange(f"num_speculative_tokens must be in [1, {limit}], got {num_speculative_tokens}")
+        check_token_ids(new_committed, self.loaded.vocab_size, "new_committed_token_ids")
         new_length = handle.committed_length + len(new_committed)
-        if new_length + num_draft > self.loaded.max_context:
-            raise OutOfRange(f"drafting {num_draft} tokens at length {new_length} exceeds the "
-                             f"max context {self.loaded.max_context}")
+        if new_length + num_speculative_tokens > self.loaded.max_context:
+            raise OutOfRange(f"drafting {num_speculative_tokens} tokens at length {new_length} exceeds "
+                             f"the max context {self.loaded.max_context}")
         if new_length < 1:
             raise InvalidInput("the committed sequence is empty")
 
         def apply(state: DraftSessionState) -> tuple[int, Proposal]:
-            return new_length, self.engine.propose(state, new_committed, num_draft)
+            return new_length, self.engine.propose(state, new_committed, num_speculative_tokens)
 
         return await self.call(handle, apply)

@@ -32,7 +32,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return draft_pb2.ProposeResponse(
             handle=convert.handle_to_proto(handle),
             draft_token_ids=list(proposal.token_ids),
-            draft_distributions=[convert.distribution_to_proto(i, p) for i, p in proposal.distributions],
+            draft_distributions=[convert.distribution_to_proto(d) for d in proposal.distributions],
             compute_seconds=timing.compute_seconds,
             queue_seconds=timing.queue_seconds,
             fed_tokens=proposal.fed_tokens,

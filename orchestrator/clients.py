@@ -1,18 +1,59 @@
-"""Clients of one draft or target replica: deadlines on every call, plain results with timings."""
+"""Clients of one draft or target replica: the orchestrator's only contact with the wire.
+
+Every call has a deadline and returns the plain types of specdec.protocol with the call's timing.
+A failed call raises a domain error (specdec.errors), never a gRPC one, so the loop decides what to
+do from the kind of failure alone: SessionLost (rebuild the session from C), ReplicaLost (rebuild
+it elsewhere), Refused (the replica is full: try another), InvalidInput / OutOfRange (the request
+itself is wrong), ReplicaError (anything else the replica said).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
+from specdec.errors import (
+    InvalidInput,
+    OutOfRange,
+    Refused,
+    ReplicaError,
+    ReplicaLost,
+    SessionLost,
+    SpecdecError,
+)
+from specdec.protocol import (
+    CallTiming,
+    Handle,
+    Proposal,
+    ReplicaInfo,
+    Reply,
+    SamplingParams,
+    VerifyOutcome,
+)
 from specdec.rpc import convert
 from specdec.rpc.server import TlsConfig, channel_options
-from specdec.sampling import SamplingParams
-from specdec.serving import Handle
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+
+Response = TypeVar("Response")
+
+# A replica that comes back on the same address (a restart, a rescheduled pod with a stable name)
+# is found within about this long; grpc's default backoff grows to two minutes.
+MAX_RECONNECT_BACKOFF_MS = 2000
+
+_KIND_OF_STATUS: dict[grpc.StatusCode, type[ReplicaError]] = {
+    grpc.StatusCode.NOT_FOUND: SessionLost,
+    grpc.StatusCode.ABORTED: SessionLost,
+    grpc.StatusCode.UNAVAILABLE: ReplicaLost,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ReplicaLost,
+    grpc.StatusCode.CANCELLED: ReplicaLost,
+    grpc.StatusCode.INTERNAL: ReplicaLost,
+    grpc.StatusCode.UNKNOWN: ReplicaLost,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Refused,
+}
 
 
 @dataclass(frozen=True)
@@ -26,53 +67,6 @@ class RpcTimeouts:
     def __post_init__(self) -> None:
         if min(self.prefill_seconds, self.step_seconds, self.control_seconds) <= 0:
             raise ValueError("timeouts must be > 0")
-
-
-@dataclass(frozen=True)
-class CallTiming:
-    wall_seconds: float  # as seen by the orchestrator
-    compute_seconds: float  # server-reported forward time
-    queue_seconds: float  # server-reported wait for the model worker
-
-    @property
-    def network_seconds(self) -> float:
-        return max(0.0, self.wall_seconds - self.compute_seconds - self.queue_seconds)
-
-
-@dataclass(frozen=True)
-class TargetPrefillResult:
-    handle: Handle
-    next_token_id: int | None
-    timing: CallTiming
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    handle: Handle
-    num_accepted: int
-    next_token_id: int
-    acceptance_signal: tuple[float, ...]
-    timing: CallTiming
-
-
-@dataclass(frozen=True)
-class DraftPrefillResult:
-    handle: Handle
-    timing: CallTiming
-
-
-@dataclass(frozen=True)
-class ProposeResult:
-    handle: Handle
-    token_ids: tuple[int, ...]
-    distributions: Sequence[common_pb2.SparseDistribution]  # forwarded to Verify as they are
-    fed_tokens: int
-    timing: CallTiming
-
-
-# A replica that comes back on the same address (a restart, a rescheduled pod with a stable name)
-# is found within about this long; grpc's default backoff grows to two minutes.
-MAX_RECONNECT_BACKOFF_MS = 2000
 
 
 def open_channel(address: str, tls: TlsConfig | None, max_message_bytes: int) -> grpc.aio.Channel:
@@ -91,113 +85,109 @@ def open_channel(address: str, tls: TlsConfig | None, max_message_bytes: int) ->
     return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
 
 
-def _timing(started: float, response: object) -> CallTiming:
-    return CallTiming(
-        wall_seconds=time.perf_counter() - started,
-        compute_seconds=getattr(response, "compute_seconds", 0.0),
-        queue_seconds=getattr(response, "queue_seconds", 0.0),
-    )
+def domain_error(address: str, error: grpc.aio.AioRpcError) -> SpecdecError:
+    """A replica's gRPC status as the domain error the loop acts on."""
+    details = error.details() or ""
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidInput(f"{address}: {details}")
+    if error.code() == grpc.StatusCode.OUT_OF_RANGE:
+        return OutOfRange(f"{address}: {details}")
+    kind = _KIND_OF_STATUS.get(error.code(), ReplicaError)
+    return kind(address, f"{error.code().name}: {details}")
 
 
 class ReplicaClient:
     """Info and Release, common to both roles."""
 
-    def __init__(self, channel: grpc.aio.Channel, timeouts: RpcTimeouts, stub: object) -> None:
+    def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts, stub: Any) -> None:
+        self.address = address
         self.channel = channel
         self.timeouts = timeouts
         self._stub = stub
 
-    async def info(self) -> common_pb2.InfoResponse:
-        return await self._stub.Info(common_pb2.InfoRequest(), timeout=self.timeouts.control_seconds)
+    async def _call(self, method: Callable[..., Awaitable[Response]], request: object,
+                    timeout: float) -> tuple[Response, float]:
+        """(response, wall seconds), or the domain error of a failed call."""
+        started = time.perf_counter()
+        try:
+            response = await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise domain_error(self.address, error) from error
+        return response, time.perf_counter() - started
+
+    async def info(self) -> ReplicaInfo:
+        response, _ = await self._call(self._stub.Info, common_pb2.InfoRequest(), self.timeouts.control_seconds)
+        return convert.info_from_proto(response)
 
     async def release(self, session_id: str) -> bool:
-        response = await self._stub.Release(
-            common_pb2.ReleaseRequest(session_id=session_id), timeout=self.timeouts.control_seconds
-        )
+        response, _ = await self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id),
+                                       self.timeouts.control_seconds)
         return response.released
 
 
+def _timing(wall_seconds: float, response: Any) -> CallTiming:
+    return CallTiming(wall_seconds, response.compute_seconds, response.queue_seconds)
+
+
 class TargetClient(ReplicaClient):
-    def __init__(self, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
-        super().__init__(channel, timeouts, target_pb2_grpc.TargetServiceStub(channel))
+    role = "target"
 
-    async def prefill(
-        self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool = False
-    ) -> TargetPrefillResult:
-        started = time.perf_counter()
-        response = await self._stub.Prefill(
-            target_pb2.TargetPrefillRequest(
-                session_id=session_id,
-                token_ids=token_ids,
-                sampling=convert.sampling_to_proto(sampling),
-                resume=resume,
-            ),
-            timeout=self.timeouts.prefill_seconds,
-        )
-        return TargetPrefillResult(
-            handle=convert.handle_from_proto(response.handle),
-            next_token_id=response.next_token_id if response.HasField("next_token_id") else None,
-            timing=_timing(started, response),
-        )
+    def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
+        super().__init__(address, channel, timeouts, target_pb2_grpc.TargetServiceStub(channel))
 
-    async def verify(
-        self,
-        handle: Handle,
-        draft_token_ids: Sequence[int],
-        draft_distributions: Sequence[common_pb2.SparseDistribution],
-    ) -> VerifyResult:
-        started = time.perf_counter()
-        response = await self._stub.Verify(
-            target_pb2.VerifyRequest(
-                handle=convert.handle_to_proto(handle),
-                draft_token_ids=list(draft_token_ids),
-                draft_distributions=list(draft_distributions),
-            ),
-            timeout=self.timeouts.step_seconds,
+    async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
+                      resume: bool = False) -> Reply[int | None]:
+        """Feeds C; the value is the first new token (None when resume rebuilds a committed C)."""
+        request = target_pb2.TargetPrefillRequest(
+            session_id=session_id, token_ids=list(token_ids),
+            sampling=convert.sampling_to_proto(sampling), resume=resume,
         )
-        return VerifyResult(
-            handle=convert.handle_from_proto(response.handle),
-            num_accepted=response.num_accepted,
-            next_token_id=response.next_token_id,
-            acceptance_signal=tuple(response.acceptance_signal),
-            timing=_timing(started, response),
+        response, wall = await self._call(self._stub.Prefill, request, self.timeouts.prefill_seconds)
+        first = response.next_token_id if response.HasField("next_token_id") else None
+        return Reply(convert.handle_from_proto(response.handle), first, _timing(wall, response))
+
+    async def verify(self, handle: Handle, proposal: Proposal) -> Reply[VerifyOutcome]:
+        request = target_pb2.VerifyRequest(
+            handle=convert.handle_to_proto(handle),
+            draft_token_ids=list(proposal.token_ids),
+            draft_distributions=[convert.distribution_to_proto(d) for d in proposal.distributions],
         )
+        response, wall = await self._call(self._stub.Verify, request, self.timeouts.step_seconds)
+        outcome = VerifyOutcome(response.num_accepted, response.next_token_id,
+                                tuple(response.acceptance_signal))
+        return Reply(convert.handle_from_proto(response.handle), outcome, _timing(wall, response))
 
     async def tokenizer_files(self) -> tuple[list[tuple[str, bytes]], str]:
-        response = await self._stub.GetTokenizer(
-            target_pb2.GetTokenizerRequest(), timeout=self.timeouts.control_seconds
-        )
+        response, _ = await self._call(self._stub.GetTokenizer, target_pb2.GetTokenizerRequest(),
+                                       self.timeouts.control_seconds)
         return [(f.name, f.content) for f in response.files], response.tokenizer_hash
 
 
 class DraftClient(ReplicaClient):
-    def __init__(self, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
-        super().__init__(channel, timeouts, draft_pb2_grpc.DraftServiceStub(channel))
+    role = "draft"
 
-    async def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingParams) -> DraftPrefillResult:
-        started = time.perf_counter()
-        response = await self._stub.Prefill(
-            draft_pb2.DraftPrefillRequest(
-                session_id=session_id, token_ids=token_ids, sampling=convert.sampling_to_proto(sampling)
-            ),
-            timeout=self.timeouts.prefill_seconds,
-        )
-        return DraftPrefillResult(convert.handle_from_proto(response.handle), _timing(started, response))
+    def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
+        super().__init__(address, channel, timeouts, draft_pb2_grpc.DraftServiceStub(channel))
 
-    async def propose(self, handle: Handle, new_committed: Sequence[int], num_draft: int) -> ProposeResult:
-        started = time.perf_counter()
-        response = await self._stub.Propose(
-            draft_pb2.ProposeRequest(
-                handle=convert.handle_to_proto(handle),
-                new_committed_token_ids=list(new_committed),
-                num_speculative_tokens=num_draft,
-            ),
-            timeout=self.timeouts.step_seconds,
+    async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams) -> Reply[None]:
+        request = draft_pb2.DraftPrefillRequest(
+            session_id=session_id, token_ids=list(token_ids), sampling=convert.sampling_to_proto(sampling)
         )
-        return ProposeResult(
-            handle=convert.handle_from_proto(response.handle),
+        response, wall = await self._call(self._stub.Prefill, request, self.timeouts.prefill_seconds)
+        return Reply(convert.handle_from_proto(response.handle), None, _timing(wall, response))
+
+    async def propose(self, handle: Handle, new_committed_token_ids: Sequence[int],
+                      num_speculative_tokens: int) -> Reply[Proposal]:
+        """new_committed_token_ids: the tokens of C the draft has not been told yet."""
+        request = draft_pb2.ProposeRequest(
+            handle=convert.handle_to_proto(handle),
+            new_committed_token_ids=list(new_committed_token_ids),
+            num_speculative_tokens=num_speculative_tokens,
+        )
+        response, wall = await self._call(self._stub.Propose, request, self.timeouts.step_seconds)
+        proposal = Proposal(
             token_ids=tuple(response.draft_token_ids),
-            distributions=response.draft_distributions,
+            distributions=tuple(convert.distribution_from_proto(d) for d in response.draft_distributions),
             fed_tokens=response.fed_tokens,
-            timing=_timing(started, response),
         )
+        return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall, response))

@@ -1,4 +1,4 @@
-"""Where a pool's replicas are: the address forms of --draft / --target (DESIGN.md section 5).
+"""Where a pool's replicas are: the address forms of --draft / --target (docs/architecture.md, "Pools and discovery").
 
 - ``host:port[,host:port...]``: a fixed list.
 - ``dns:///name:port``: every A / AAAA record of name (a headless Service), resolved again on every

@@ -1,4 +1,5 @@
-"""Choosing K, the number of draft tokens per round, from live measurements (DESIGN.md section 4).
+"""Choosing K, the number of draft tokens per round, from live measurements (docs/architecture.md,
+"Choosing K").
 
 Terms (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding",
 arXiv 2211.17192, section 3; their gamma is our K):
@@ -97,9 +98,8 @@ def round_time(num_speculative_tokens: int, costs: RoundCosts) -> float:
     """T_round(K), seconds."""
     if num_speculative_tokens == 0:
         return costs.verify_fn(1) + costs.rtt_target
-    k = num_speculative_tokens
-    draft_side = k * costs.t_draft + costs.rtt_draft + costs.catchup_seconds
-    return draft_side + costs.verify_fn(k + 1) + costs.rtt_target
+    draft_side = num_speculative_tokens * costs.t_draft + costs.rtt_draft + costs.catchup_seconds
+    return draft_side + costs.verify_fn(num_speculative_tokens + 1) + costs.rtt_target
 
 
 def seconds_per_token(
@@ -110,10 +110,10 @@ def seconds_per_token(
     return round_time(num_speculative_tokens, costs) / committed
 
 
-def best_k(alpha: float | Sequence[float], costs: RoundCosts, k_max: int) -> int:
-    """K* = argmin over 0..k_max of T_round(K) / E(K); the smallest K on ties."""
-    times = [seconds_per_token(alpha, k, costs) for k in range(k_max + 1)]
-    return min(range(k_max + 1), key=times.__getitem__)
+def best_k(alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int) -> int:
+    """K* = argmin over 0..max_num_speculative_tokens of T_round(K) / E(K); the smallest K on ties."""
+    times = [seconds_per_token(alpha, num, costs) for num in range(max_num_speculative_tokens + 1)]
+    return min(range(max_num_speculative_tokens + 1), key=times.__getitem__)
 
 
 def speedup_bound(
@@ -123,16 +123,18 @@ def speedup_bound(
     verify_fn: Callable[[int], float],
     rtt_draft: float,
     rtt_target: float,
-    k_max: int,
+    max_num_speculative_tokens: int,
 ) -> float:
     """Best achievable speedup over target-only decoding (T_step + RTT_target per token).
 
-    max over K in 0..k_max of E(K) (T_step + RTT_target) / T_round(K). K = 0 is included because
+    max over K in 0..max_num_speculative_tokens of E(K) (T_step + RTT_target) / T_round(K). K = 0
+    is included because
     the controller may choose it, so the bound is below 1 only when T_verify(1) > T_step.
     """
     costs = RoundCosts(t_draft, verify_fn, rtt_draft=rtt_draft, rtt_target=rtt_target)
     baseline = t_step + rtt_target
-    return max(baseline / seconds_per_token(alpha, k, costs) for k in range(k_max + 1))
+    candidates = range(max_num_speculative_tokens + 1)
+    return max(baseline / seconds_per_token(alpha, num, costs) for num in candidates)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ def speedup_bound(
 class KControllerConfig:
     """Settings of :class:`AdaptiveKController`. Weights are per round; times in seconds."""
 
-    k_max: int = 8  # largest K considered
+    max_num_speculative_tokens: int = 8  # largest K considered
     initial_num_speculative_tokens: int = 4  # K until the cost model has its figures
     hysteresis: float = 0.03  # switch K only when seconds per token improve by this fraction
     probe_num_speculative_tokens: int = 2  # K of a probe round while the chosen K is 0
@@ -156,7 +158,7 @@ class KControllerConfig:
     # from it. Acceptance differs between prompts far more than timings do, but not without bound:
     # the default pair's per-prompt alpha spreads by ~0.13 around 0.42 (bench_pair, K = 4), which a
     # Beta prior of ~10 pseudo-trials expresses; 4 also lets alpha drift within one answer. At 1,
-    # one fully accepted round of K = 3 put a new session's alpha near 0.9 and K at 8 (session 7)
+    # one fully accepted round of K = 3 put a new session's alpha near 0.9 and K at 8
     zero_k_optimism: float = 1.0  # K = 0 only if it also wins at alpha + this many posterior sd:
     # K = 0 stops measuring alpha, so leaving drafting on a few unlucky rounds is the costly mistake
     acceptance_decay: float = 0.99  # fraction of acceptance counts kept per round
@@ -177,11 +179,12 @@ class KControllerConfig:
             if not ok:
                 raise ValueError(f"KControllerConfig: {message}")
 
-        check(self.k_max >= 1, f"k_max must be >= 1, got {self.k_max}")
+        limit = self.max_num_speculative_tokens
+        check(limit >= 1, f"max_num_speculative_tokens must be >= 1, got {limit}")
         initial = self.initial_num_speculative_tokens
-        check(0 <= initial <= self.k_max, f"initial K must be in [0, k_max], got {initial}")
+        check(0 <= initial <= limit, f"initial K must be in [0, max_num_speculative_tokens], got {initial}")
         check(0.0 <= self.hysteresis < 1.0, f"hysteresis must be in [0, 1), got {self.hysteresis}")
-        check(1 <= self.probe_num_speculative_tokens <= self.k_max, "probe K must be in [1, k_max]")
+        check(1 <= self.probe_num_speculative_tokens <= limit, "probe K must be in [1, max_num_speculative_tokens]")
         check(self.probe_interval_rounds >= 1, "probe_interval_rounds must be >= 1")
         check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
         check(self.probe_backoff >= 1.0, f"probe_backoff must be >= 1, got {self.probe_backoff}")
@@ -198,35 +201,6 @@ class KControllerConfig:
         check(self.verify_row_shrink > 0.0, "verify_row_shrink must be > 0")
         check(0.0 < self.verify_row_decay <= 1.0, "verify_row_decay must be in (0, 1]")
         check(0.0 <= self.verify_optimism < 1.0, "verify_optimism must be in [0, 1)")
-
-
-class HeuristicK:
-    """Hugging Face's schedule (assisted generation, "heuristic"): +2 after a round that accepted
-    every draft, -1 otherwise, never below 1. For benchmarks."""
-
-    def __init__(self, initial_num_speculative_tokens: int = 5, k_max: int | None = None) -> None:
-        if initial_num_speculative_tokens < 1:
-            raise ValueError("initial_num_speculative_tokens must be >= 1")
-        self._k_max = k_max
-        self._num_speculative_tokens = self._capped(initial_num_speculative_tokens)
-
-    def _capped(self, k: int) -> int:
-        return k if self._k_max is None else min(k, self._k_max)
-
-    def choose(self, max_num_speculative_tokens: int) -> int:
-        return max(0, min(self._num_speculative_tokens, max_num_speculative_tokens))
-
-    def observe(self, observation: RoundObservation) -> None:
-        k = observation.num_speculative_tokens
-        if k == 0:
-            return
-        if observation.num_accepted == k:
-            self._num_speculative_tokens = self._capped(self._num_speculative_tokens + 2)
-        else:
-            self._num_speculative_tokens = max(1, self._num_speculative_tokens - 1)
-
-    def estimates(self) -> dict[str, float]:
-        return {"num_speculative_tokens": float(self._num_speculative_tokens)}
 
 
 class AdaptiveKController:
@@ -263,7 +237,7 @@ class AdaptiveKController:
             prior_residuals=seed.verify_residuals or (),
         )
         self._round = 0
-        self._current_k = cfg.initial_num_speculative_tokens
+        self._num_speculative_tokens = cfg.initial_num_speculative_tokens
         self._pending_catchup_tokens = 0  # committed tokens the draft missed during K = 0 rounds
         self._rounds_since_probe = 0
         self._probe_interval = cfg.probe_interval_rounds
@@ -271,8 +245,9 @@ class AdaptiveKController:
         costs = self._costs()
         if costs is not None:  # the pool's figures are complete: start at their best K
             times = self._seconds_per_token_by_k(costs)
-            self._current_k = min(range(len(times)), key=times.__getitem__)
-            if self._current_k == 0 and best_k(cfg.prior_alpha, costs, cfg.k_max) > 0:
+            self._num_speculative_tokens = min(range(len(times)), key=times.__getitem__)
+            prior_best = best_k(cfg.prior_alpha, costs, cfg.max_num_speculative_tokens)
+            if self._num_speculative_tokens == 0 and prior_best > 0:
                 # K = 0 because earlier prompts were accepted poorly, not because the timings
                 # rule drafting out: this prompt's acceptance is unknown, so open with a probe.
                 self._rounds_since_probe = self._probe_interval
@@ -280,21 +255,23 @@ class AdaptiveKController:
     # -- KPolicy ---------------------------------------------------------------------------------
 
     def choose(self, max_num_speculative_tokens: int) -> int:
-        cap = min(max_num_speculative_tokens, self._config.k_max)
-        if cap <= 0:
+        max_num_speculative_tokens = min(max_num_speculative_tokens, self._config.max_num_speculative_tokens)
+        if max_num_speculative_tokens <= 0:
             return 0
-        if self._current_k == 0 and self._rounds_since_probe >= self._probe_interval:
+        if self._num_speculative_tokens == 0 and self._rounds_since_probe >= self._probe_interval:
             self._probe_outstanding = True
-            return min(self._config.probe_num_speculative_tokens, cap)
-        if self._current_k <= cap:
-            return self._current_k
+            return min(self._config.probe_num_speculative_tokens, max_num_speculative_tokens)
+        if self._num_speculative_tokens <= max_num_speculative_tokens:
+            return self._num_speculative_tokens
         costs = self._costs()  # capped below our K (end of output): best K that fits
-        return cap if costs is None else best_k(self._alpha.alpha, costs, cap)
+        if costs is None:
+            return max_num_speculative_tokens
+        return best_k(self._alpha.alpha, costs, max_num_speculative_tokens)
 
     def observe(self, observation: RoundObservation) -> None:
         self._round += 1
         self._update_estimates(observation)
-        previous_k = self._current_k
+        previous_k = self._num_speculative_tokens
         self._decide()
         self._schedule_probes(previous_k, observation.num_speculative_tokens)
         if self._priors is not None:
@@ -303,7 +280,7 @@ class AdaptiveKController:
     def estimates(self) -> dict[str, float]:
         figures: dict[str, float] = {
             "alpha": self._alpha.alpha,
-            "num_speculative_tokens": float(self._current_k),
+            "num_speculative_tokens": float(self._num_speculative_tokens),
             "probe_interval_rounds": float(self._probe_interval),
         }
         named = {
@@ -318,7 +295,7 @@ class AdaptiveKController:
             figures["verify_a"], figures["verify_b"] = coefficients
         costs = self._costs(include_catchup=False)
         if costs is not None:
-            per_token = seconds_per_token(self._alpha.alpha, self._current_k, costs)
+            per_token = seconds_per_token(self._alpha.alpha, self._num_speculative_tokens, costs)
             figures["predicted_tokens_per_second"] = 1.0 / per_token
             target_only = seconds_per_token(self._alpha.alpha, 0, costs)
             figures["predicted_speedup_vs_k0"] = target_only / per_token
@@ -331,23 +308,24 @@ class AdaptiveKController:
         return RunningEstimate.seeded(cfg.timing_weight, seed, cfg.prior_timing_samples)
 
     def _update_estimates(self, observation: RoundObservation) -> None:
-        k, index = observation.num_speculative_tokens, self._round
-        self._alpha.update(k, observation.num_accepted, index)
-        if k > 0:
+        num_speculative_tokens, index = observation.num_speculative_tokens, self._round
+        self._alpha.update(num_speculative_tokens, observation.num_accepted, index)
+        if num_speculative_tokens > 0:
             # A Propose of K makes K draft passes; the first also feeds the catch-up. Tokens fed
             # beyond one per pass are catch-up (one extra is normal after a fully accepted round).
-            extra_tokens = observation.draft_fed_tokens - k
+            extra_tokens = observation.draft_fed_tokens - num_speculative_tokens
             if extra_tokens <= 1:
-                self._t_draft.update(observation.draft_compute_seconds / k, index)
+                self._t_draft.update(observation.draft_compute_seconds / num_speculative_tokens, index)
             elif self._t_draft.value is not None:
-                excess = max(0.0, observation.draft_compute_seconds - k * self._t_draft.value)
+                drafting = num_speculative_tokens * self._t_draft.value
+                excess = max(0.0, observation.draft_compute_seconds - drafting)
                 self._t_feed.update(excess / extra_tokens, index)
             draft_overhead = observation.draft_wall_seconds - observation.draft_compute_seconds
             self._rtt_draft.update(max(0.0, draft_overhead), index)
             self._pending_catchup_tokens = 0
         else:
             self._pending_catchup_tokens += 1
-        self._verify.update(k + 1, observation.verify_compute_seconds, index)
+        self._verify.update(num_speculative_tokens + 1, observation.verify_compute_seconds, index)
         target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
         self._rtt_target.update(max(0.0, target_overhead), index)
 
@@ -367,9 +345,9 @@ class AdaptiveKController:
             return
         times = self._seconds_per_token_by_k(costs)
         best = min(range(len(times)), key=times.__getitem__)
-        current = min(self._current_k, self._config.k_max)
+        current = min(self._num_speculative_tokens, self._config.max_num_speculative_tokens)
         if best != current and times[best] < times[current] * (1.0 - self._config.hysteresis):
-            self._current_k = best
+            self._num_speculative_tokens = best
 
     def _optimistic_verify_seconds(self, max_rows: int) -> list[float]:
         """T_verify(1 .. max_rows), each row count taken as cheaper the less it was measured."""
@@ -378,17 +356,17 @@ class AdaptiveKController:
                 for rows, seconds in enumerate(self._verify.seconds_up_to(max_rows), start=1)]
 
     def _seconds_per_token_by_k(self, costs: RoundCosts) -> list[float]:
-        """Seconds per token for K = 0..k_max, with verify times of little-measured row counts
+        """Seconds per token for K = 0..max_num_speculative_tokens, with verify times of little-measured row counts
         taken optimistically; K = 0 is ruled out (infinite) while an optimistic alpha,
         zero_k_optimism posterior sd above the estimate, would still draft."""
         cfg = self._config
         alpha = self._alpha.alpha
         # Each row count's optimistic time once per decision: both argmins below read it.
-        verify = self._optimistic_verify_seconds(cfg.k_max + 1)
+        verify = self._optimistic_verify_seconds(cfg.max_num_speculative_tokens + 1)
         costs = replace(costs, verify_fn=lambda rows: verify[rows - 1])
-        times = [seconds_per_token(alpha, k, costs) for k in range(cfg.k_max + 1)]
+        times = [seconds_per_token(alpha, num, costs) for num in range(cfg.max_num_speculative_tokens + 1)]
         optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)
-        if best_k(optimistic_alpha, costs, cfg.k_max) > 0:
+        if best_k(optimistic_alpha, costs, cfg.max_num_speculative_tokens) > 0:
             times[0] = math.inf
         return times
 
@@ -398,14 +376,14 @@ class AdaptiveKController:
         if self._probe_outstanding and observed_k > 0:
             self._probe_outstanding = False
             self._rounds_since_probe = 0
-            if self._current_k == 0:
+            if self._num_speculative_tokens == 0:
                 backed_off = math.ceil(self._probe_interval * cfg.probe_backoff)
                 self._probe_interval = min(cfg.probe_interval_max_rounds, backed_off)
             else:
                 self._probe_interval = cfg.probe_interval_rounds
-        elif self._current_k == 0 and previous_k != 0:
+        elif self._num_speculative_tokens == 0 and previous_k != 0:
             self._rounds_since_probe = 0
-        elif self._current_k == 0 and observed_k == 0:
+        elif self._num_speculative_tokens == 0 and observed_k == 0:
             self._rounds_since_probe += 1
 
     def _session_estimates(self) -> PriorEstimates:

@@ -112,7 +112,7 @@ class VerifyFit:
     its time as b0 = slope_ratio * a0.
 
     A line is only the prior shape: on CPU the cost of a pass steps up at kernel block sizes (the
-    default target: 64, 68, 72 ms for 1-3 rows, then 98 ms for 4; bench_pair, session 7). So each
+    default target: 64, 68, 72 ms for 1-3 rows, then 98 ms for 4; the pair benchmark). So each
     row count also keeps its mean residual from the line, discounted by `row_decay` per round (the
     shape of the curve changes slowly; its level, which the line tracks, with the context), and
     :meth:`seconds` adds it, shrunk by `row_shrink` rounds' worth of weight towards zero.

@@ -1,14 +1,26 @@
 """The seam between the orchestrator loop and whatever chooses K each round.
 
 The loop asks a policy for K before each round and reports what the round measured after it.
-Fixed K and K = 0 live here; the adaptive controller (DESIGN.md section 4) implements the same
-protocol in orchestrator/k_controller.py.
+Fixed K (K = 0 is speculation off) and Hugging Face's heuristic live here; the adaptive controller
+(docs/architecture.md, "Choosing K") implements the same protocol in orchestrator/k_controller.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+SpeculationMode = Literal["off", "fixed", "adaptive", "heuristic"]
+SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive", "heuristic")
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What a request asks of speculation; None leaves a field to the server's default."""
+
+    mode: SpeculationMode | None = None
+    # fixed K, the heuristic's starting K, or the adaptive controller's maximum
+    num_speculative_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,3 +66,33 @@ class FixedK:
 
     def estimates(self) -> dict[str, float]:
         return {}
+
+
+class HeuristicK:
+    """Hugging Face's schedule (assisted generation, "heuristic"): +2 after a round that accepted
+    every draft, -1 otherwise, never below 1. For benchmarks."""
+
+    def __init__(self, initial_num_speculative_tokens: int = 5, max_num_speculative_tokens: int | None = None) -> None:
+        if initial_num_speculative_tokens < 1:
+            raise ValueError("initial_num_speculative_tokens must be >= 1")
+        self._max_num_speculative_tokens = max_num_speculative_tokens
+        self._num_speculative_tokens = self._capped(initial_num_speculative_tokens)
+
+    def _capped(self, num_speculative_tokens: int) -> int:
+        if self._max_num_speculative_tokens is None:
+            return num_speculative_tokens
+        return min(num_speculative_tokens, self._max_num_speculative_tokens)
+
+    def choose(self, max_num_speculative_tokens: int) -> int:
+        return max(0, min(self._num_speculative_tokens, max_num_speculative_tokens))
+
+    def observe(self, observation: RoundObservation) -> None:
+        if observation.num_speculative_tokens == 0:
+            return
+        if observation.num_accepted == observation.num_speculative_tokens:
+            self._num_speculative_tokens = self._capped(self._num_speculative_tokens + 2)
+        else:
+            self._num_speculative_tokens = max(1, self._num_speculative_tokens - 1)
+
+    def estimates(self) -> dict[str, float]:
+        return {"num_speculative_tokens": float(self._num_speculative_tokens)}

@@ -15,14 +15,17 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import grpc
 
 from orchestrator.clients import DraftClient, RpcTimeouts, TargetClient, open_channel
 from orchestrator.discovery import Endpoint, ReplicaSource
-from specdec.errors import IncompatibleModels
+from specdec.errors import IncompatibleModels, ReplicaError
+from specdec.protocol import ReplicaInfo
 from specdec.rpc.server import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
-from specdec.v1 import common_pb2
+
+Client = TypeVar("Client", TargetClient, DraftClient)
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +43,14 @@ class PoolConfig:
 
 
 @dataclass
-class Replica:
+class Replica(Generic[Client]):
     address: str
-    client: TargetClient | DraftClient
+    client: Client
     replica_id: str = ""
-    info: common_pb2.InfoResponse | None = None
+    info: ReplicaInfo | None = None
     healthy: bool = False
     accepting: bool = True  # False: draining (terminating); keeps its sessions, takes no new ones
-    active_sessions: int = 0  # sessions this orchestrator has placed here
+    active_sessions: int = 0  # sessions this orchestrator holds here: changed only by a Lease
     refused: str = ""  # why it is kept out (incompatible model), if it is
     failures: int = 0
     picks_since_probe: int = 0  # placements started since the last Info, not yet in its live_sessions
@@ -65,29 +68,47 @@ class Replica:
         return max(self.active_sessions, reported + self.picks_since_probe)
 
 
-class ReplicaPool:
+class Lease(Generic[Client]):
+    """One session's hold on a replica. It counts in replica.active_sessions (what placement and
+    draining go by) from the moment the pool hands it out until end(), which may be called more
+    than once."""
+
+    def __init__(self, replica: Replica[Client]) -> None:
+        self.replica = replica
+        self.ended = False
+        replica.active_sessions += 1
+
+    @property
+    def client(self) -> Client:
+        return self.replica.client
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.replica.active_sessions -= 1
+
+
+class ReplicaPool(Generic[Client]):
     def __init__(
         self,
-        role: str,
+        client_type: type[Client],
         source: ReplicaSource,
         config: PoolConfig = PoolConfig(),
-        check: Callable[[common_pb2.InfoResponse], None] | None = None,
+        check: Callable[[ReplicaInfo], None] | None = None,
     ) -> None:
-        if role not in ("draft", "target"):
-            raise ValueError(f"role must be draft or target, got {role!r}")
-        self.role = role
+        self.client_type = client_type
+        self.role: str = client_type.role
         self.source = source
         self.config = config
         self.check = check
-        self.replicas: dict[str, Replica] = {}  # by address
-        self._departed: list[tuple[Replica, grpc.aio.Channel, float]] = []  # (replica, channel, left at)
+        self.replicas: dict[str, Replica[Client]] = {}  # by address
+        self._departed: list[tuple[Replica[Client], grpc.aio.Channel, float]] = []  # (replica, channel, left at)
         self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
         self._discovery_error = ""
         self._task: asyncio.Task[None] | None = None
 
-    def _client(self, channel) -> TargetClient | DraftClient:
-        kind = TargetClient if self.role == "target" else DraftClient
-        return kind(channel, self.config.timeouts)
+    def _client(self, address: str, channel) -> Client:
+        return self.client_type(address, channel, self.config.timeouts)
 
     async def refresh(self) -> None:
         """Re-discovers replicas and asks each for Info (health, identity, load). Waits up to
@@ -118,7 +139,8 @@ class ReplicaPool:
             replica = self.replicas.get(endpoint.address)
             if replica is None:
                 channel = open_channel(endpoint.address, self.config.tls, self.config.max_message_bytes)
-                replica = Replica(endpoint.address, self._client(channel), accepting=endpoint.ready)
+                replica = Replica(endpoint.address, self._client(endpoint.address, channel),
+                                  accepting=endpoint.ready)
                 self.replicas[endpoint.address] = replica
                 log.info("%s replica %s joined the pool", self.role, endpoint.address)
             elif replica.accepting != endpoint.ready:
@@ -126,7 +148,7 @@ class ReplicaPool:
                          if endpoint.ready else "is draining: keeps its sessions, takes no new ones")
             replica.accepting = endpoint.ready
 
-    def _depart(self, replica: Replica) -> None:
+    def _depart(self, replica: Replica[Client]) -> None:
         """The replica's sessions move at their next call; its channel stays open for calls
         already in flight and for Releases, and is closed once none of our sessions is left there."""
         log.info("%s replica %s left the pool; its %d sessions move to other replicas",
@@ -135,7 +157,7 @@ class ReplicaPool:
             replica.probe.cancel()
         channel = replica.client.channel
         replica.left, replica.accepting, replica.healthy = True, False, False
-        replica.client = self._client(_LeftPoolChannel(replica.address, channel))
+        replica.client = self._client(replica.address, _LeftPoolChannel(replica.address, channel))
         self._departed.append((replica, channel, time.monotonic()))
 
     def _close_departed(self) -> None:
@@ -153,17 +175,17 @@ class ReplicaPool:
             task.add_done_callback(lambda done: self._closing.pop(done, None))
         self._departed = staying
 
-    def _start_probe(self, replica: Replica) -> asyncio.Task[None]:
+    def _start_probe(self, replica: Replica[Client]) -> asyncio.Task[None]:
         if replica.probe is None or replica.probe.done():
             replica.probe = asyncio.create_task(self._probe(replica))
         return replica.probe
 
-    async def _probe(self, replica: Replica) -> None:
+    async def _probe(self, replica: Replica[Client]) -> None:
         try:
             info = await replica.client.info()
-        except grpc.aio.AioRpcError as error:
+        except ReplicaError as error:
             if replica.healthy:
-                log.warning("%s replica %s unhealthy: %s", self.role, replica.address, error.code().name)
+                log.warning("%s replica %s unhealthy: %s", self.role, replica.address, error)
             replica.healthy = False
             return
         if self.check is not None:  # every time: the reference may have been set since
@@ -209,7 +231,7 @@ class ReplicaPool:
         self._departed, self._closing = [], {}
         await asyncio.gather(*(channel.close() for channel in channels))
 
-    def pick(self, exclude: frozenset[str] = frozenset()) -> Replica | None:
+    def pick(self, exclude: frozenset[str] = frozenset()) -> Replica[Client] | None:
         """The usable replica with the fewest expected sessions, not in exclude (addresses); ties
         go to the lower load. The pick counts until the replica's next Info, so a burst of new
         sessions spreads out before any of their Prefills has landed."""
@@ -220,10 +242,14 @@ class ReplicaPool:
         best.picks_since_probe += 1
         return best
 
-    def by_replica_id(self, replica_id: str) -> Replica | None:
+    def lease(self, replica: Replica[Client]) -> Lease[Client]:
+        """A session now lives on replica (until the lease ends)."""
+        return Lease(replica)
+
+    def by_replica_id(self, replica_id: str) -> Replica[Client] | None:
         return next((r for r in self.replicas.values() if r.replica_id == replica_id), None)
 
-    def mark_failed(self, replica: Replica) -> None:
+    def mark_failed(self, replica: Replica[Client]) -> None:
         """A call failed with UNAVAILABLE or a deadline: no new sessions until a probe answers."""
         replica.failures += 1
         replica.healthy = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from orchestrator.generation import wait_for_releases
+from orchestrator.recovery import wait_for_releases
 from orchestrator.service import OrchestratorConfig, OrchestratorService
 from orchestrator.servicer import OrchestratorServicer
 from specdec.rpc.server import CallGate, RunningServer, ServerConfig

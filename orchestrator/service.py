@@ -1,4 +1,5 @@
-"""The orchestrator's operations (no protobuf): pools, the pair check, prompts, K policies."""
+"""The orchestrator's operations (no protobuf): pools, the pair check, prompts, K policies, and
+generate, which the gRPC servicer calls once per request."""
 
 from __future__ import annotations
 
@@ -8,23 +9,19 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
+from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.discovery import make_source
 from orchestrator.generation import Chunk, Generation, GenerationLimits, GenerationRequest
-from orchestrator.k_controller import AdaptiveKController, HeuristicK, KControllerConfig
+from orchestrator.k_controller import AdaptiveKController, KControllerConfig
 from orchestrator.k_estimates import ControllerPriors
-from orchestrator.k_policy import FixedK, KPolicy
+from orchestrator.k_policy import SPECULATION_MODES, FixedK, HeuristicK, KPolicy, Speculation, SpeculationMode
 from orchestrator.pool import PoolConfig, ReplicaPool
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
 from specdec.models import load_tokenizer, tokenizer_from_files, tokenizer_hash
-from specdec.sampling import SamplingParams
-from specdec.v1 import common_pb2
+from specdec.protocol import ReplicaInfo, SamplingParams, check_compatible, check_token_ids
 
 log = logging.getLogger(__name__)
-
-SpeculationMode = Literal["off", "fixed", "adaptive", "heuristic"]
-SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive", "heuristic")
 
 
 @dataclass(frozen=True)
@@ -34,10 +31,10 @@ class OrchestratorConfig:
     tokenizer: Path | None = None  # else fetched from a target replica
     speculation: SpeculationMode = "adaptive"  # the default when a request leaves it unspecified
     num_speculative_tokens: int = 4  # fixed K; the starting K of the heuristic
-    max_num_speculative_tokens: int = 16  # the cap of adaptive K (also bounded by the servers)
+    max_num_speculative_tokens: int = 16  # adaptive K's maximum (also bounded by the servers)
     controller: KControllerConfig = field(default_factory=KControllerConfig)
     default_max_new_tokens: int = 256
-    startup_timeout_seconds: float = 600.0  # waiting for the pools to answer at start
+    startup_timeout_seconds: float = 120.0  # waiting for the pools to answer at start
     pool: PoolConfig = field(default_factory=PoolConfig)
 
     def __post_init__(self) -> None:
@@ -63,9 +60,9 @@ class PromptInput:
 class OrchestratorService:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
-        self.reference: common_pb2.InfoResponse | None = None  # the target model's identity
-        self.target_pool = ReplicaPool("target", make_source(config.target), config.pool, self._check)
-        self.draft_pool = ReplicaPool("draft", make_source(config.draft), config.pool, self._check)
+        self.reference: ReplicaInfo | None = None  # the target model's identity
+        self.target_pool = ReplicaPool(TargetClient, make_source(config.target), config.pool, self._check)
+        self.draft_pool = ReplicaPool(DraftClient, make_source(config.draft), config.pool, self._check)
         self.tokenizer = None
         # Pool-wide estimates that seed each new session's controller, kept apart for greedy and
         # sampled requests: their acceptance rates differ (timings are learnt in both).
@@ -76,12 +73,21 @@ class OrchestratorService:
     async def start(self) -> None:
         """Waits for a target replica, checks the pair, gets the tokenizer. Raises
         IncompatibleModels for a mismatched pair and Unavailable if no target answers in time."""
-        deadline = time.monotonic() + self.config.startup_timeout_seconds
+        started = time.monotonic()
+        deadline, next_note = started + self.config.startup_timeout_seconds, started + 5.0
         await self.target_pool.refresh()
         await self.draft_pool.refresh()
         while not self._answered(self.target_pool) or not self._answered(self.draft_pool):
             if time.monotonic() > deadline:
                 break
+            if time.monotonic() >= next_note:  # say what it waits for: a silent start looks hung
+                next_note += 5.0
+                silent = [f"the {role} pool ({source})" for role, source, pool in (
+                    ("target", self.config.target, self.target_pool),
+                    ("draft", self.config.draft, self.draft_pool)) if not self._answered(pool)]
+                log.info("waiting for %s to answer: %.0f s of %.0f s (--startup-timeout)",
+                         " and ".join(silent), time.monotonic() - started,
+                         self.config.startup_timeout_seconds)
             await asyncio.sleep(0.5)
             await self.target_pool.refresh()
             await self.draft_pool.refresh()
@@ -103,26 +109,13 @@ class OrchestratorService:
     def _answered(pool: ReplicaPool) -> bool:
         return any(r.healthy or r.refused for r in pool.replicas.values())
 
-    def _check(self, info: common_pb2.InfoResponse) -> None:
-        """A replica joins only if it speaks for the same vocabulary and tokenizer."""
-        if info.protocol_version != "specdec.v1":
-            raise IncompatibleModels(f"replica {info.replica_id} speaks {info.protocol_version!r}")
-        if self.reference is None:
-            if info.role != "target":
-                return  # drafts are checked once a target has set the reference
+    def _check(self, info: ReplicaInfo) -> None:
+        """A replica joins only if it speaks the protocol for the target's vocabulary and
+        tokenizer. The first target sets the reference; a draft that answers before any target
+        is checked again at its next probe."""
+        check_compatible(self.reference or info, info)
+        if self.reference is None and info.role == "target":
             self.reference = info
-            return
-        ref = self.reference
-        if info.vocab_size != ref.vocab_size:
-            raise IncompatibleModels(
-                f"{info.role} model {info.model_id!r} has a vocabulary of {info.vocab_size} tokens but "
-                f"the target {ref.model_id!r} has {ref.vocab_size}: draft and target must share a tokenizer"
-            )
-        if info.tokenizer_hash and ref.tokenizer_hash and info.tokenizer_hash != ref.tokenizer_hash:
-            raise IncompatibleModels(
-                f"{info.role} model {info.model_id!r} uses a different tokenizer from the target "
-                f"{ref.model_id!r} (tokenizer hash {info.tokenizer_hash[:12]} vs {ref.tokenizer_hash[:12]})"
-            )
 
     async def _load_tokenizer(self):
         if self.config.tokenizer is not None:
@@ -164,10 +157,7 @@ class OrchestratorService:
             raise InvalidInput("set exactly one of prompt, prompt_token_ids and messages")
         if prompt.prompt_token_ids:
             assert self.reference is not None
-            vocab = self.reference.vocab_size
-            bad = next((t for t in prompt.prompt_token_ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise OutOfRange(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+            check_token_ids(prompt.prompt_token_ids, self.reference.vocab_size, "prompt_token_ids")
             return tuple(prompt.prompt_token_ids)
         if self.tokenizer is None:
             raise InvalidInput("the target model has no tokenizer: send prompt_token_ids")
@@ -180,34 +170,34 @@ class OrchestratorService:
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return tuple(int(t) for t in ids)
 
-    def policy(self, mode: SpeculationMode | None, num_speculative_tokens: int | None,
-               greedy: bool = True) -> KPolicy:
-        """The K policy of one request. num_speculative_tokens: fixed K, the heuristic's start, or
-        the adaptive controller's cap (unset: the server's defaults). greedy picks the pool priors
-        an adaptive controller starts from."""
-        mode = mode or self.config.speculation
+    def policy(self, speculation: Speculation, greedy: bool = True) -> KPolicy:
+        """The K policy of one request. speculation.num_speculative_tokens: fixed K, the
+        heuristic's start, or the adaptive controller's maximum (unset: the server's defaults).
+        greedy picks the pool priors an adaptive controller starts from."""
+        mode = speculation.mode or self.config.speculation
         limit = self.limits().max_num_speculative_tokens
-        if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= limit:
+        requested = speculation.num_speculative_tokens
+        if requested is not None and not 0 <= requested <= limit:
             raise OutOfRange(
-                f"num_speculative_tokens must be in [0, {limit}] (the servers' maximum), "
-                f"got {num_speculative_tokens}"
+                f"num_speculative_tokens must be in [0, {limit}] (the servers' maximum), got {requested}"
             )
         if mode == "off":
             return FixedK(0)
-        if mode == "fixed":
-            k = self.config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-            return FixedK(min(k, limit))
-        if mode == "heuristic":
-            k = self.config.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-            return HeuristicK(initial_num_speculative_tokens=max(1, min(k, limit)), k_max=limit)
-        k_max = self.config.max_num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-        k_max = min(k_max, limit)
-        if k_max == 0:
-            return FixedK(0)  # a cap of 0 leaves nothing to adapt: target-only decoding
+        if mode in ("fixed", "heuristic"):
+            fixed = min(self.config.num_speculative_tokens if requested is None else requested, limit)
+            if mode == "fixed":
+                return FixedK(fixed)
+            return HeuristicK(initial_num_speculative_tokens=max(1, fixed), max_num_speculative_tokens=limit)
+        maximum = self.config.max_num_speculative_tokens if requested is None else requested
+        maximum = min(maximum, limit)
+        if maximum == 0:
+            return FixedK(0)  # a maximum of 0 leaves nothing to adapt: target-only decoding
         base = self.config.controller
-        controller = replace(base, k_max=k_max,
-                             initial_num_speculative_tokens=min(base.initial_num_speculative_tokens, k_max),
-                             probe_num_speculative_tokens=min(base.probe_num_speculative_tokens, k_max))
+        controller = replace(
+            base, max_num_speculative_tokens=maximum,
+            initial_num_speculative_tokens=min(base.initial_num_speculative_tokens, maximum),
+            probe_num_speculative_tokens=min(base.probe_num_speculative_tokens, maximum),
+        )
         priors = self.controller_priors["greedy" if greedy else "sampled"]
         return AdaptiveKController(controller, priors=priors)
 
@@ -216,10 +206,11 @@ class OrchestratorService:
         prompt: PromptInput,
         max_new_tokens: int | None,
         sampling: SamplingParams,
-        stop: Sequence[str],
-        policy: KPolicy,
-        speculate: bool,
+        stop: Sequence[str] = (),
+        speculation: Speculation = Speculation(),
     ) -> AsyncIterator[Chunk]:
+        """One request, validated here and streamed by the loop (orchestrator/generation.py)."""
+        policy = self.policy(speculation, greedy=sampling.greedy)
         if any(not s for s in stop):
             raise InvalidInput("stop strings must not be empty")
         if stop and self.tokenizer is None:
@@ -229,7 +220,8 @@ class OrchestratorService:
             max_new_tokens=self.config.default_max_new_tokens if max_new_tokens is None else max_new_tokens,
             sampling=sampling,
             stop=tuple(stop),
+            speculate=(speculation.mode or self.config.speculation) != "off",
         )
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
-                                self.limits(), speculate=speculate)
+                                self.limits())
         return generation.run()

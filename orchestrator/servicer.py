@@ -7,6 +7,7 @@ import contextlib
 import grpc
 
 from orchestrator.generation import Chunk
+from orchestrator.k_policy import Speculation
 from orchestrator.service import OrchestratorService, PromptInput
 from orchestrator.stats import GenerationStats
 from specdec.errors import InvalidInput
@@ -36,11 +37,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         if request.speculation.mode not in MODE_OF:
             raise InvalidInput(f"unknown speculation mode {request.speculation.mode}")
-        mode = MODE_OF[request.speculation.mode]
-        k = request.speculation.num_speculative_tokens if request.speculation.HasField("num_speculative_tokens") else None
-        sampling = convert.sampling_from_proto(request.sampling, draw_seed=True)
-        policy = self.service.policy(mode, k, greedy=sampling.greedy)
-        effective_mode = mode or self.service.config.speculation
+        speculation = Speculation(
+            mode=MODE_OF[request.speculation.mode],
+            num_speculative_tokens=(request.speculation.num_speculative_tokens
+                                    if request.speculation.HasField("num_speculative_tokens") else None),
+        )
         chunks = self.service.generate(
             PromptInput(
                 prompt=request.prompt,
@@ -48,10 +49,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                 messages=tuple((m.role, m.content) for m in request.messages),
             ),
             max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
-            sampling=sampling,
+            sampling=convert.sampling_from_proto(request.sampling, draw_seed=True),
             stop=tuple(request.stop),
-            policy=policy,
-            speculate=effective_mode != "off",
+            speculation=speculation,
         )
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.clients import CallTiming
+from specdec.protocol import CallTiming
 
 
 @dataclass
@@ -36,11 +36,11 @@ class GenerationStats:
         self.verify_seconds += timing.compute_seconds
         self.network_seconds += timing.network_seconds
 
-    def add_round(self, num_draft: int, num_accepted: int, committed: int) -> None:
+    def add_round(self, num_speculative_tokens: int, num_accepted: int, committed: int) -> None:
         self.rounds += 1
-        self.num_speculative_tokens_per_round.append(num_draft)
+        self.num_speculative_tokens_per_round.append(num_speculative_tokens)
         self.num_accepted_per_round.append(num_accepted)
-        self.drafted_tokens += num_draft
+        self.drafted_tokens += num_speculative_tokens
         self.accepted_tokens += num_accepted
         self.committed_in_rounds += committed
 

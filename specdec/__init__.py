@@ -1,3 +1,1 @@
 """specdec: distributed speculative decoding. The shared library (math, models, sessions, stubs)."""
-
-PROTOCOL_VERSION = "specdec.v1"

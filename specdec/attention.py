@@ -8,8 +8,8 @@ On a CPU torch takes the mask with `enable_gqa=True` instead, and gives identica
 checks). The copies grow with the context: on SmolLM2-135M-Instruct (3 key/value heads for 9 query
 heads), 2 CPUs, a pass over 2 tokens after 1,500 costs 1.24x a single-token step with them and
 1.01x without, over 3 tokens 1.30x -> 1.10x; after 200 tokens 1.14x -> 1.05x
-(benchmarks/verify_cost.py). That ratio is what a speculation round pays for its drafts (DESIGN.md
-section 4, T_verify).
+(benchmarks/verify_cost.py). That ratio is what a speculation round pays for its drafts: it is
+T_verify(K + 1) in the K controller's cost model (docs/architecture.md, "Choosing K").
 
 On CUDA Hugging Face's choice stands: there, a mask with `enable_gqa` leaves the fast kernels.
 """

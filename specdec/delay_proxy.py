@@ -1,4 +1,5 @@
-"""A TCP proxy that adds network delay, for benchmarks and tests (DESIGN.md section 7).
+"""A TCP proxy that adds network delay, for benchmarks and tests: delay between real processes,
+never a sleep inside a service, so the services and the K controller see what a real network does.
 
 These machines have no netem, so delay is injected on the byte stream: the proxy listens on a
 port, opens one upstream connection per accepted connection and forwards bytes both ways, holding

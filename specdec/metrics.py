@@ -8,13 +8,13 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from specdec.serving import ServiceInfo
+from specdec.protocol import ReplicaInfo
 
 
 class ServiceCollector:
     """Reads Info at scrape time, so the figures are never stale."""
 
-    def __init__(self, info: Callable[[], ServiceInfo]) -> None:
+    def __init__(self, info: Callable[[], ReplicaInfo]) -> None:
         self._info = info
 
     def collect(self):
@@ -35,7 +35,7 @@ class ServiceCollector:
             yield gauge
 
 
-def start_metrics_server(port: int, host: str, info: Callable[[], ServiceInfo]) -> int:
+def start_metrics_server(port: int, host: str, info: Callable[[], ReplicaInfo]) -> int:
     """Starts the /metrics HTTP endpoint in a daemon thread; returns the bound port."""
     registry = CollectorRegistry()
     registry.register(ServiceCollector(info))

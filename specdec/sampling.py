@@ -1,7 +1,7 @@
 """Lossless speculative verification: the accept / reject rule and everything it samples from.
 
-Terms (DESIGN.md section 3; Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023,
-arXiv 2302.01318):
+Terms (docs/architecture.md, "The lossless rule"; Leviathan et al. 2023, arXiv 2211.17192;
+Chen et al. 2023, arXiv 2302.01318):
 
 - ``target_probs`` (p): the target's processed distribution at a position, i.e. its logits after
   temperature, top-k and top-p exactly as the target alone would sample (transformers' order and
@@ -28,48 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 
 import torch
 
-MAX_DRAFT_TOP_M = 64  # largest q~ a draft may send (entries)
-MIN_TEMPERATURE = 1e-6  # below this (and above 0) logits / temperature can overflow to NaN
+from specdec.protocol import MAX_DRAFT_TOP_M, SamplingParams, VerifyOutcome
+
 _EMPTY_RESIDUAL = 1e-12  # a residual mass below this is treated as zero (p == q~ up to rounding)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How tokens are sampled; temperature 0 means greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
-        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass(frozen=True)
-class VerifyOutcome:
-    """The result of verifying K draft tokens (one row of a batch)."""
-
-    num_accepted: int  # n in [0, K]
-    next_token_id: int  # correction when n < K, bonus when n == K
-    acceptance_signal: tuple[float, ...]  # per draft position: sum(min(p, q~)), or 1/0 if greedy
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -161,7 +125,7 @@ def verify_sampled(
     final_uniforms:  (B,) in [0, 1): draws the correction or bonus token
     Returns (num_accepted (B,), next_token_ids (B,), acceptance_signal (B, K)).
     """
-    batch, num_draft = draft_token_ids.shape
+    batch, num_speculative_tokens = draft_token_ids.shape
     rows = torch.arange(batch)
     target_of_draft = target_probs[:, :-1].gather(-1, draft_token_ids.unsqueeze(-1)).squeeze(-1)
     draft_of_draft = draft_probs.gather(-1, draft_token_ids.unsqueeze(-1)).squeeze(-1)  # (B, K)

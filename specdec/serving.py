@@ -1,5 +1,5 @@
-"""What the draft and target services share above the model: handles, sessions, the worker,
-Info and expiry. Plain Python types; the servicers convert to and from protobuf."""
+"""What the draft and target services share above the model: sessions, the worker, Info and
+expiry. Plain Python types (specdec.protocol); the servicers convert to and from protobuf."""
 
 from __future__ import annotations
 
@@ -10,49 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from specdec import PROTOCOL_VERSION
 from specdec.errors import InvalidInput, OutOfRange, SessionNotFound, Unavailable
 from specdec.models import LoadedModel
+from specdec.protocol import PROTOCOL_VERSION, Handle, ReplicaInfo, Timing, check_token_ids
 from specdec.sessions import Session, SessionBudget, SessionStore, check_handle
 from specdec.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 State = TypeVar("State")
 Result = TypeVar("Result")
-
-
-@dataclass(frozen=True)
-class Handle:
-    session_id: str
-    replica_id: str
-    committed_length: int
-    epoch: int
-
-
-@dataclass(frozen=True)
-class Timing:
-    compute_seconds: float
-    queue_seconds: float
-
-
-@dataclass(frozen=True)
-class ServiceInfo:
-    protocol_version: str
-    role: str
-    model_id: str
-    vocab_size: int
-    tokenizer_hash: str
-    max_context: int
-    max_num_speculative_tokens: int
-    dtype: str
-    device: str
-    live_sessions: int
-    cached_tokens: int
-    load: float
-    replica_id: str
-    eos_token_ids: tuple[int, ...]
-    max_sessions: int
-    max_cached_tokens: int
 
 
 @dataclass(frozen=True)
@@ -91,10 +57,7 @@ class SessionService(Generic[State]):
                 f"{what} has {len(token_ids)} tokens, more than the max context "
                 f"{self.loaded.max_context}"
             )
-        vocab = self.loaded.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise OutOfRange(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")
+        check_token_ids(token_ids, self.loaded.vocab_size, what)
 
     async def new_session(
         self, session_id: str, token_ids: list[int], build: Callable[[], tuple[State, int, Result]]
@@ -145,11 +108,11 @@ class SessionService(Generic[State]):
     async def release(self, session_id: str) -> bool:
         return self.store.release(session_id)
 
-    def info(self) -> ServiceInfo:
+    def info(self) -> ReplicaInfo:
         # Routers pick replicas by Info; one that is draining must not look like a candidate.
         self._refuse_if_draining()
         loaded = self.loaded
-        return ServiceInfo(
+        return ReplicaInfo(
             protocol_version=PROTOCOL_VERSION,
             role=self.role,
             model_id=loaded.model_id,

@@ -1,4 +1,5 @@
-"""Per-session state keyed by id, with handles, retries, budgets and expiry (DESIGN.md section 2).
+"""Per-session state keyed by id, with handles, retries, budgets and expiry (docs/architecture.md,
+"Handles and retries").
 
 A handle names (session id, replica, committed length, epoch). A call whose handle matches the
 session's current committed length is applied; a repeat of the last applied call gets the stored

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from specdec.models import LoadedModel, tokenizer_files
-from specdec.sampling import SamplingParams, VerifyOutcome
-from specdec.serving import Handle, ServiceConfig, SessionService, Timing
-from target_service.engine import DraftProposal, TargetEngine, TargetSessionState
+from specdec.protocol import Handle, Proposal, SamplingParams, Timing, VerifyOutcome
+from specdec.serving import ServiceConfig, SessionService
+from target_service.engine import TargetEngine, TargetSessionState
 
 
 class TargetService(SessionService[TargetSessionState]):
@@ -27,7 +27,7 @@ class TargetService(SessionService[TargetSessionState]):
 
         return await self.new_session(session_id, token_ids, build)
 
-    async def verify(self, handle: Handle, proposal: DraftProposal) -> tuple[Handle, VerifyOutcome, Timing]:
+    async def verify(self, handle: Handle, proposal: Proposal) -> tuple[Handle, VerifyOutcome, Timing]:
         session = self.store.lookup(handle.session_id, handle.epoch)
         self.engine.validate_proposal(proposal, session.state.sampling)
 

@@ -6,7 +6,7 @@ import grpc
 
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from target_service.engine import DraftProposal
+from specdec.protocol import Proposal
 from target_service.service import TargetService
 
 
@@ -29,7 +29,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
-        proposal = DraftProposal(
+        proposal = Proposal(
             token_ids=tuple(request.draft_token_ids),
             distributions=tuple(convert.distribution_from_proto(d) for d in request.draft_distributions),
         )

@@ -21,6 +21,8 @@ STATUS_OF: dict[type[errors.SpecdecError], grpc.StatusCode] = {
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.IncompatibleModels: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Refused: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ReplicaError: grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -195,7 +195,9 @@ def test_orchestrator_args_point_at_both_pool_services(rendered_sets, value_set)
         expected = f"k8s://{NAMESPACE}/{service['metadata']['name']}:{PORTS[pool][0]}"
         assert _arg(args, f"--{pool}") == expected
     assert _arg(args, "--speculation") == "adaptive"
-    assert _arg(args, "--num-speculative-tokens") == "16"
+    # the fixed mode's K, and the adaptive controller's maximum (two flags, two values)
+    assert _arg(args, "--num-speculative-tokens") == "4"
+    assert _arg(args, "--max-num-speculative-tokens") == "16"
 
 
 @value_sets

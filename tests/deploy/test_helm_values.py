@@ -88,7 +88,12 @@ def test_missing_required_value_fails_with_its_name(helm, settings, message):
 def test_speculation_beyond_a_pools_limit_fails(helm):
     result = template(helm, "--set", "target.maxNumSpeculativeTokens=8")
     assert result.returncode != 0
-    assert "exceeds target.maxNumSpeculativeTokens" in result.stderr
+    assert "orchestrator.maxNumSpeculativeTokens (16) exceeds target.maxNumSpeculativeTokens" in result.stderr
+    result = template(helm, "--set", "draft.maxNumSpeculativeTokens=3")
+    assert result.returncode != 0
+    assert "orchestrator.numSpeculativeTokens (4) exceeds draft.maxNumSpeculativeTokens" in result.stderr
+    assert template(helm, "--set", "target.maxNumSpeculativeTokens=8",
+                    "--set", "orchestrator.maxNumSpeculativeTokens=8").returncode == 0
 
 
 def test_min_replicas_above_max_fails(helm):

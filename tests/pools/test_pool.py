@@ -7,17 +7,16 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
-import grpc
 import pytest
 
 import stack
+from orchestrator.clients import TargetClient
 from orchestrator.discovery import Endpoint
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.service import OrchestratorConfig, OrchestratorService
 from waiting import eventually_async
-from specdec.errors import Unavailable
-from specdec.sampling import SamplingParams
-from specdec.v1 import common_pb2
+from specdec.errors import ReplicaLost, Unavailable
+from specdec.protocol import PROTOCOL_VERSION, Proposal, ReplicaInfo, SamplingParams
 
 
 @dataclass
@@ -34,6 +33,11 @@ class ListSource:
         pass
 
 
+def _info(live_sessions: int) -> ReplicaInfo:
+    return ReplicaInfo(PROTOCOL_VERSION, "target", "test", 16, "", 64, 4, "float32", "cpu",
+                       live_sessions, 0, 0.0, "test-replica")
+
+
 def _unused_address() -> str:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
@@ -46,16 +50,16 @@ def test_a_burst_of_new_sessions_spreads_before_any_prefill_lands():
     addresses = [_unused_address() for _ in range(3)]
 
     async def scenario():
-        pool = ReplicaPool("target", ListSource(list(addresses)), PoolConfig(refresh_seconds=0.1))
+        pool = ReplicaPool(TargetClient, ListSource(list(addresses)), PoolConfig(refresh_seconds=0.1))
         await pool.refresh()  # nobody answers: we play the Info answers below
         try:
             for replica in pool.replicas.values():
-                replica.healthy, replica.info = True, common_pb2.InfoResponse(live_sessions=0)
+                replica.healthy, replica.info = True, _info(live_sessions=0)
             burst = Counter(pool.pick().address for _ in range(6))
             assert burst == {address: 2 for address in addresses}
             # Sessions other orchestrators placed (live_sessions in Info) count as well.
             for replica, live in zip(pool.replicas.values(), (4, 0, 0)):
-                replica.info, replica.picks_since_probe = common_pb2.InfoResponse(live_sessions=live), 0
+                replica.info, replica.picks_since_probe = _info(live_sessions=live), 0
             assert Counter(pool.pick().address for _ in range(4)) == {addresses[1]: 2, addresses[2]: 2}
             assert pool.pick(exclude=frozenset(addresses[1:])).address == addresses[0]
         finally:
@@ -69,34 +73,35 @@ def test_a_replica_that_leaves_hands_its_sessions_over_and_still_gets_their_rele
         server, target = await stack.start_target(tiny_pair.target_dir, replica_id="leaving")
         address = f"127.0.0.1:{server.port}"
         source = ListSource([address])
-        pool = ReplicaPool("target", source, PoolConfig(refresh_seconds=0.1))
+        pool = ReplicaPool(TargetClient, source, PoolConfig(refresh_seconds=0.1))
         try:
             await pool.refresh()
             replica = pool.replicas[address]
             assert replica.usable
             prefill = await replica.client.prefill("session-1", [5, 6, 7], SamplingParams())
-            replica.active_sessions += 1  # as the generation loop does
+            lease = pool.lease(replica)  # as the generation loop does
+            assert replica.active_sessions == 1
 
             source.addresses = []
             await pool.refresh()
             assert address not in pool.replicas and replica.left and not replica.usable
             # The session's next call fails the way a lost replica does, so the generation loop
             # re-prefills it elsewhere from the committed tokens ...
-            with pytest.raises(grpc.aio.AioRpcError) as lost:
-                await replica.client.verify(prefill.handle, (), ())
-            assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "left the pool" in lost.value.details()
+            with pytest.raises(ReplicaLost, match="left the pool"):
+                await replica.client.verify(prefill.handle, Proposal(token_ids=()))
             # ... and its Release still reaches the replica, which frees the cache now.
             assert await replica.client.release("session-1")
             assert target.info().live_sessions == 0
-            replica.active_sessions -= 1
+            lease.end()
+            lease.end()  # a second end changes nothing
+            assert replica.active_sessions == 0
 
             async def channel_closed() -> bool:  # none of our sessions is left there
                 await pool.refresh()
                 try:
                     await replica.client.release("session-1")
-                except grpc.aio.AioRpcError as error:
-                    return error.code() == grpc.StatusCode.UNAVAILABLE  # not a grpc UsageError
+                except ReplicaLost:
+                    return True  # not a grpc UsageError
                 return False
 
             await eventually_async(channel_closed, "the channel of the replica that left to close")
@@ -116,7 +121,7 @@ def test_a_stalled_replica_holds_up_neither_discovery_nor_the_pool():
 
         async def scenario():
             source = ListSource([stalled_address])
-            pool = ReplicaPool("target", source, PoolConfig(refresh_seconds=0.1))
+            pool = ReplicaPool(TargetClient, source, PoolConfig(refresh_seconds=0.1))
             try:
                 await pool.refresh()
                 probe = pool.replicas[stalled_address].probe

@@ -300,8 +300,7 @@ def test_dns_pools_resolve_again_on_every_refresh(cluster, loop_thread, referenc
     async def generate(prompts):
         async def one(prompt):
             tokens, last = [], None
-            chunks = service.generate(PromptInput(prompt_token_ids=tuple(prompt)), SHORT, SamplingParams(), (),
-                                      service.policy(None, None), speculate=True)
+            chunks = service.generate(PromptInput(prompt_token_ids=tuple(prompt)), SHORT, SamplingParams())
             async for chunk in chunks:
                 tokens.extend(chunk.token_ids)
                 last = chunk

@@ -1,4 +1,4 @@
-"""The cache invariant (DESIGN.md section 2), checked after every kind of round against a fresh
+"""The cache invariant (docs/architecture.md), checked after every kind of round against a fresh
 prefill: the target holds exactly C[:-1]; after a Propose of K the draft holds C + d1..d(K-1)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import torch
 
 from orchestrator.clients import DraftClient, RpcTimeouts, TargetClient, open_channel
 from specdec.kv_cache import SequenceCache
+from specdec.protocol import Proposal
 from specdec.sampling import SamplingParams
 
 
@@ -23,33 +24,35 @@ def _assert_cache_is_fresh_prefill(cache: SequenceCache, model, expected_ids: li
 async def _rounds(stack, schedule: list[int], sampling: SamplingParams, session_id: str):
     """Runs rounds by hand through the real clients; checks both caches after each."""
     timeouts = RpcTimeouts()
-    target = TargetClient(open_channel(stack.target_address, None, 1 << 24), timeouts)
-    draft = DraftClient(open_channel(stack.draft_address, None, 1 << 24), timeouts)
+    target = TargetClient(stack.target_address, open_channel(stack.target_address, None, 1 << 24), timeouts)
+    draft = DraftClient(stack.draft_address, open_channel(stack.draft_address, None, 1 << 24), timeouts)
     committed = [5, 9, 11, 4, 20, 7]
     target_prefill = await target.prefill(session_id, committed, sampling)
     draft_prefill = await draft.prefill(session_id, committed, sampling)
-    committed.append(target_prefill.next_token_id)
+    committed.append(target_prefill.value)
     target_handle, draft_handle = target_prefill.handle, draft_prefill.handle
     kinds = set()
     target_model = stack.target.loaded.model
     draft_model = stack.draft.loaded.model
-    for num_draft in schedule:
-        drafts, distributions = (), ()
-        if num_draft:
-            proposal = await draft.propose(draft_handle, committed[draft_handle.committed_length:], num_draft)
-            draft_handle = proposal.handle
-            drafts, distributions = proposal.token_ids, proposal.distributions
+    for num_speculative_tokens in schedule:
+        proposal = Proposal(token_ids=())
+        if num_speculative_tokens:
+            new = committed[draft_handle.committed_length:]
+            proposed = await draft.propose(draft_handle, new, num_speculative_tokens)
+            draft_handle, proposal = proposed.handle, proposed.value
+            drafts = proposal.token_ids
             draft_state = stack.draft.store.lookup(session_id, draft_handle.epoch).state
             assert draft_state.committed == committed
             _assert_cache_is_fresh_prefill(draft_state.cache, draft_model, committed + list(drafts[:-1]))
-        verify = await target.verify(target_handle, drafts, distributions)
-        target_handle = verify.handle
-        committed += [*drafts[: verify.num_accepted], verify.next_token_id]
+        verified = await target.verify(target_handle, proposal)
+        target_handle, verify = verified.handle, verified.value
+        committed += [*proposal.token_ids[: verify.num_accepted], verify.next_token_id]
         assert target_handle.committed_length == len(committed)
         target_state = stack.target.store.lookup(session_id, target_handle.epoch).state
         assert target_state.last_token_id == committed[-1]
         _assert_cache_is_fresh_prefill(target_state.cache, target_model, committed[:-1])
-        kinds.add("plain" if not num_draft else "full" if verify.num_accepted == num_draft else "rejection")
+        full = verify.num_accepted == num_speculative_tokens
+        kinds.add("plain" if not num_speculative_tokens else "full" if full else "rejection")
     await target.release(session_id)
     await draft.release(session_id)
     await target.channel.close()

@@ -15,7 +15,6 @@ import pytest
 
 from orchestrator.k_controller import (
     AdaptiveKController,
-    HeuristicK,
     KControllerConfig,
     LinearVerifyTime,
     RoundCosts,
@@ -26,7 +25,7 @@ from orchestrator.k_controller import (
     speedup_bound,
 )
 from orchestrator.k_estimates import ControllerPriors, PriorEstimates, VerifyFit
-from orchestrator.k_policy import KPolicy, RoundObservation
+from orchestrator.k_policy import HeuristicK, KPolicy, RoundObservation
 
 K_MAX = 8
 
@@ -92,7 +91,7 @@ def play(policy: KPolicy, services: SimulatedServices, world: Conditions, rounds
 
 
 def settled_k(world: Conditions, seed: int = 0) -> int:
-    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
     return play(controller, SimulatedServices(seed), world, 300)[-1]
 
 
@@ -104,7 +103,7 @@ def mean_settled_k(world: Conditions) -> float:
     """
     chosen: list[int] = []
     for seed in range(3):
-        controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+        controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
         chosen += play(controller, SimulatedServices(seed), world, 300)[200:]
     return sum(chosen) / len(chosen)
 
@@ -149,7 +148,7 @@ def test_speedup_bound_matches_the_notes_figure() -> None:
     # NOTES.md: on CPU, alpha 0.7, K = 4, T_verify(5) ~ 1.5 T_step, draft step 0.06 T_step -> ~1.55x
     t_step = 0.055
     verify = LinearVerifyTime(0.875 * t_step, 0.125 * t_step)  # T_verify(1) = T_step, (5) = 1.5
-    bound = speedup_bound(0.7, t_step, 0.06 * t_step, verify, 0.0, 0.0, k_max=8)
+    bound = speedup_bound(0.7, t_step, 0.06 * t_step, verify, 0.0, 0.0, max_num_speculative_tokens=8)
     at_k4 = expected_committed_tokens(0.7, 4) * t_step / (4 * 0.06 * t_step + 1.5 * t_step)
     at_k3 = expected_committed_tokens(0.7, 3) * t_step / (3 * 0.06 * t_step + 1.375 * t_step)
     assert at_k4 == pytest.approx(1.594, abs=1e-3)
@@ -191,7 +190,7 @@ def slow_draft_hop() -> Conditions:
 def test_k_goes_to_zero_when_drafting_costs_more_than_it_saves() -> None:
     world = slow_draft_hop()
     assert best_k(world.alpha, world.costs(), K_MAX) == 0
-    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
     ks = play(controller, SimulatedServices(1), world, 200)
     assert ks[0] > 0  # it starts drafting, measures, and gives up
     assert ks[-1] == 0
@@ -199,7 +198,7 @@ def test_k_goes_to_zero_when_drafting_costs_more_than_it_saves() -> None:
 
 
 def test_probes_back_off_while_they_keep_losing() -> None:
-    config = KControllerConfig(k_max=K_MAX, probe_interval_rounds=10, probe_backoff=2.0)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX, probe_interval_rounds=10, probe_backoff=2.0)
     controller = AdaptiveKController(config)
     ks = play(controller, SimulatedServices(2), slow_draft_hop(), 700)
     first_zero = ks.index(0)
@@ -210,7 +209,7 @@ def test_probes_back_off_while_they_keep_losing() -> None:
 
 
 def test_k_recovers_when_the_draft_hop_gets_fast_again() -> None:
-    config = KControllerConfig(k_max=K_MAX, probe_interval_rounds=16, probe_interval_max_rounds=64)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX, probe_interval_rounds=16, probe_interval_max_rounds=64)
     controller = AdaptiveKController(config)
     services = SimulatedServices(3)
     assert play(controller, services, slow_draft_hop(), 300)[-1] == 0
@@ -222,7 +221,7 @@ def test_k_recovers_when_the_draft_hop_gets_fast_again() -> None:
 
 
 def test_k_recovers_when_acceptance_improves() -> None:
-    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX, probe_interval_max_rounds=64))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX, probe_interval_max_rounds=64))
     services = SimulatedServices(4)
     assert play(controller, services, Conditions(alpha=0.05), 300)[-1] == 0
     ks = play(controller, services, Conditions(alpha=0.8, rtt_target=0.01), 400)
@@ -235,7 +234,7 @@ def test_hysteresis_keeps_k_stable_under_noise() -> None:
     for seed, world in enumerate(noisy_worlds):
         for hysteresis in (0.03, 0.0):
             # verify_optimism off: its deliberate trial rounds are switches too (tested below)
-            config = KControllerConfig(k_max=K_MAX, hysteresis=hysteresis, verify_optimism=0.0)
+            config = KControllerConfig(max_num_speculative_tokens=K_MAX, hysteresis=hysteresis, verify_optimism=0.0)
             controller = AdaptiveKController(config)
             services = SimulatedServices(seed)
             play(controller, services, world, 50)  # settle
@@ -267,7 +266,7 @@ def test_k_stays_below_a_step_in_the_verify_cost(alpha: float) -> None:
             chosen += play(AdaptiveKController(config), SimulatedServices(seed), world, 150)[50:]
         return sum(k >= 3 for k in chosen)
 
-    config = KControllerConfig(k_max=K_MAX)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX)
     above = rounds_above_the_step(config)
     assert above <= 20, above  # of 400 settled rounds: a probe of K = 3 now and then, no more
     # A straight line through the measurements (each row count's own mean ignored) cannot see it.
@@ -276,7 +275,7 @@ def test_k_stays_below_a_step_in_the_verify_cost(alpha: float) -> None:
 
 
 def test_k_stays_within_the_cap_of_each_round() -> None:
-    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
     services, world = SimulatedServices(5), Conditions(rtt_target=0.03)
     play(controller, services, world, 50)
     assert controller.choose(K_MAX) > 2
@@ -291,7 +290,7 @@ def test_k_stays_within_the_cap_of_each_round() -> None:
 
 @pytest.mark.parametrize("true_alpha", [0.3, 0.6, 0.85])
 def test_alpha_estimate_is_unbiased_under_geometric_acceptance(true_alpha: float) -> None:
-    config = KControllerConfig(k_max=K_MAX, acceptance_decay=1.0, prior_alpha_strength=1.0)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX, acceptance_decay=1.0, prior_alpha_strength=1.0)
     controller = AdaptiveKController(config)
     services, world = SimulatedServices(6), Conditions(alpha=true_alpha)
     accepted = drafted = trials = 0
@@ -311,7 +310,7 @@ def test_alpha_estimate_is_unbiased_under_geometric_acceptance(true_alpha: float
 
 def test_timing_estimates_recover_the_cost_model() -> None:
     world = Conditions(rtt_draft=0.004, rtt_target=0.007)
-    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
     services = SimulatedServices(7)
     schedule = [0] * 4 + list(range(1, K_MAX + 1))  # every K; K = 0 runs make the draft catch up
     for i in range(240):
@@ -328,7 +327,7 @@ def test_timing_estimates_recover_the_cost_model() -> None:
 
 
 def test_verify_fit_is_defined_from_a_single_k() -> None:
-    controller = AdaptiveKController(KControllerConfig(k_max=K_MAX))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
     world = Conditions()
     controller.observe(SimulatedServices(8).round(4, world))
     a, b = controller.estimates()["verify_a"], controller.estimates()["verify_b"]
@@ -352,13 +351,13 @@ def test_verify_fit_learns_a_step_that_a_line_misses() -> None:
 def test_the_pool_hands_the_verify_shape_to_a_newcomer() -> None:
     world, priors = cpu_steps(0.5), ControllerPriors(weight=0.2)
     schedule = list(range(K_MAX + 1))  # every K, so every row count is measured
-    controller, services = AdaptiveKController(KControllerConfig(k_max=K_MAX), priors), SimulatedServices(12)
+    controller, services = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX), priors), SimulatedServices(12)
     for i in range(90):
         controller.observe(services.round(schedule[i % len(schedule)], world))
     residuals = dict(priors.snapshot().verify_residuals)
     assert set(residuals) == set(range(1, K_MAX + 2))
     assert residuals[4] > residuals[3] + 0.01  # the step up at 4 rows, seen by the pool
-    newcomer = AdaptiveKController(KControllerConfig(k_max=K_MAX), priors)
+    newcomer = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX), priors)
     predicted = newcomer._costs().verify_fn
     for rows in (3, 4, 7):  # before it has measured anything itself
         assert predicted(rows) == pytest.approx(world.verify(rows), rel=0.08), rows
@@ -366,7 +365,7 @@ def test_the_pool_hands_the_verify_shape_to_a_newcomer() -> None:
 
 def test_a_new_session_starts_from_the_pool_priors() -> None:
     priors = ControllerPriors(weight=0.2)
-    config = KControllerConfig(k_max=K_MAX, initial_num_speculative_tokens=4)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX, initial_num_speculative_tokens=4)
     world = slow_draft_hop()
     play(AdaptiveKController(config, priors), SimulatedServices(9), world, 100)
     assert priors.snapshot().rtt_draft == pytest.approx(world.rtt_draft, rel=0.05)
@@ -380,7 +379,7 @@ def test_a_new_session_starts_from_the_pool_priors() -> None:
 def test_a_newcomer_is_not_held_at_k0_by_earlier_prompts_acceptance() -> None:
     """The pool learned K = 0 from prompts the draft guessed badly; a prompt it guesses well must
     not inherit that: the newcomer opens with a probe and its own rounds soon outweigh the pool."""
-    config = KControllerConfig(k_max=K_MAX)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX)
     easy = Conditions(alpha=0.8, rtt_target=0.01)
     hard = replace(easy, alpha=0.1)
     pool = PriorEstimates(alpha=hard.alpha, t_draft_per_token=easy.t_draft, t_feed_per_token=easy.t_feed,
@@ -408,7 +407,7 @@ def test_a_newcomer_is_not_held_at_k0_by_earlier_prompts_acceptance() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        {"k_max": 0},
+        {"max_num_speculative_tokens": 0},
         {"initial_num_speculative_tokens": 9},
         {"hysteresis": 1.0},
         {"probe_num_speculative_tokens": 0},

@@ -1,0 +1,269 @@
+"""Where one request's sessions live, and how they move when a replica fails: the recovery policy.
+
+- Placing a side: replicas are tried in the pool's order (fewest sessions first) until one takes
+  the session. A refusal (Refused: the replica is full) leaves nothing there; a lost replica is
+  marked failed so new sessions avoid it until it answers a probe; a prompt the replica refuses
+  (InvalidInput, OutOfRange) ends the request.
+- A lost target (SessionLost or ReplicaLost during a Verify): the committed tokens C are
+  prefilled again (resume: no token is sampled) on another replica, or on the same one if it is
+  the only one left, and the round is sent again. The output does not change: the target's state
+  is a function of C alone. At most MAX_TARGET_RECOVERIES tries per round.
+- A lost draft: SessionLost (it dropped the session or is out of step) is answered by one
+  re-prefill; anything else drops the draft, and rounds go on at K = 0 (the target alone decodes,
+  still exactly) until a draft replica takes the session again every draft_retry_rounds rounds.
+- Every replica a Prefill was sent to gets a Release when the request ends, however it ends: a
+  cancelled Prefill may still have made the session there.
+
+See docs/architecture.md ("Recovery").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic
+
+from orchestrator.clients import DraftClient, TargetClient
+from orchestrator.pool import Client, Lease, Replica, ReplicaPool
+from orchestrator.stats import GenerationStats
+from specdec.errors import (
+    InvalidInput,
+    OutOfRange,
+    Overloaded,
+    Refused,
+    ReplicaError,
+    ReplicaLost,
+    SessionLost,
+    Unavailable,
+)
+from specdec.protocol import Handle, Proposal, Reply, SamplingParams, VerifyOutcome
+
+log = logging.getLogger(__name__)
+
+MAX_TARGET_RECOVERIES = 8  # per round, before the request fails with UNAVAILABLE
+
+# Releases still running after their Generate ended; kept here so they are not garbage-collected
+# mid-flight, and so that a stopping orchestrator can wait for them (wait_for_releases).
+_RELEASES: set[asyncio.Task[None]] = set()
+
+
+async def wait_for_releases(timeout_seconds: float) -> None:
+    """Lets the releases of finished or cancelled requests reach the replicas (on shutdown)."""
+    if _RELEASES:
+        await asyncio.wait(set(_RELEASES), timeout=timeout_seconds)
+
+
+@dataclass
+class Placement(Generic[Client]):
+    """One side of the session: the lease on its replica and the handle of its state there."""
+
+    lease: Lease[Client]
+    handle: Handle
+
+    @property
+    def replica(self) -> Replica[Client]:
+        return self.lease.replica
+
+
+class SessionReplicas:
+    """The target and draft sessions of one request, kept alive across replica failures."""
+
+    def __init__(self, session_id: str, sampling: SamplingParams, target_pool: ReplicaPool[TargetClient],
+                 draft_pool: ReplicaPool[DraftClient], stats: GenerationStats, draft_retry_rounds: int) -> None:
+        self.session_id = session_id
+        self.sampling = sampling
+        self.target_pool = target_pool
+        self.draft_pool = draft_pool
+        self.stats = stats
+        self.draft_retry_rounds = draft_retry_rounds
+        self.target: Placement[TargetClient] | None = None
+        self.draft: Placement[DraftClient] | None = None
+        # Every replica that may hold a cache of this session, by (role, address).
+        self._holders: dict[tuple[str, str], Replica[TargetClient] | Replica[DraftClient]] = {}
+        self._rounds_without_draft = 0
+
+    # -- prefill --------------------------------------------------------------------------------
+
+    async def prefill(self, committed: Sequence[int], speculate: bool) -> int:
+        """Both sides at once; returns the target's first token. A draft that no replica takes
+        leaves the session at K = 0 for now."""
+        draft_task = asyncio.create_task(self._attach_draft(committed) if speculate else asyncio.sleep(0))
+        try:
+            first = await self._place_target(committed, resume=False)
+        except BaseException:
+            draft_task.cancel()
+            raise
+        await draft_task
+        assert first is not None
+        return first
+
+    async def _place_target(self, committed: Sequence[int], resume: bool,
+                            exclude: frozenset[str] = frozenset()) -> int | None:
+        tried = set(exclude)
+        errors: list[ReplicaError] = []
+        while (replica := self.target_pool.pick(frozenset(tried))) is not None:
+            tried.add(replica.address)
+            self._holders[("target", replica.address)] = replica
+            try:
+                reply = await replica.client.prefill(self.session_id, committed, self.sampling, resume)
+            except (InvalidInput, OutOfRange) as error:
+                raise InvalidInput(f"the target refused the prompt: {error}") from error
+            except ReplicaError as error:
+                errors.append(error)
+                self._prefill_failed("target", self.target_pool, replica, error)
+                continue
+            if self.target is not None:
+                self.target.lease.end()
+                if self.target.replica is not replica:
+                    self._release_in_background(self.target.replica, "target")
+            self.target = Placement(self.target_pool.lease(replica), reply.handle)
+            self.stats.target_replica = replica.replica_id
+            self.stats.add_target_call(reply.timing)
+            return reply.value
+        if errors and isinstance(errors[-1], Refused):
+            raise Overloaded(f"every target replica is at its session budget ({errors[-1]})")
+        cause = errors[-1] if errors else "no target replica is available"
+        raise Unavailable(f"no target replica could take the session ({cause})")
+
+    async def _attach_draft(self, committed: Sequence[int]) -> None:
+        self._rounds_without_draft = 0
+        tried: set[str] = set()
+        while (replica := self.draft_pool.pick(frozenset(tried))) is not None:
+            tried.add(replica.address)
+            self._holders[("draft", replica.address)] = replica
+            try:
+                reply = await replica.client.prefill(self.session_id, committed, self.sampling)
+            except (Refused, ReplicaLost) as error:
+                self._prefill_failed("draft", self.draft_pool, replica, error)
+                continue
+            except (ReplicaError, InvalidInput, OutOfRange) as error:
+                log.warning("draft prefill on %s failed (%s): going on without a draft", replica.address, error)
+                return
+            self.draft = Placement(self.draft_pool.lease(replica), reply.handle)
+            self.stats.draft_replica = replica.replica_id
+            self.stats.add_draft_call(reply.timing)
+            return
+
+    def _prefill_failed(self, role: str, pool: ReplicaPool[Client], replica: Replica[Client],
+                        error: ReplicaError) -> None:
+        if isinstance(error, Refused):  # it holds nothing of the session
+            self._holders.pop((role, replica.address), None)
+            log.info("%s replica %s refused session %s (%s): trying another replica", role,
+                     replica.address, self.session_id, error)
+            return
+        log.warning("%s prefill on %s failed (%s): trying another replica", role, replica.address, error)
+        if isinstance(error, ReplicaLost):
+            pool.mark_failed(replica)
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft is not None
+
+    async def reattach_draft_if_due(self, committed: Sequence[int]) -> None:
+        """Called once per round while the session has no draft."""
+        self._rounds_without_draft += 1
+        if self._rounds_without_draft >= self.draft_retry_rounds:
+            await self._attach_draft(committed)
+
+    async def propose(self, committed: Sequence[int], num_speculative_tokens: int) -> Reply[Proposal] | None:
+        """The draft's proposal, or None if the draft is lost (the round then goes on at K = 0)."""
+        for attempt in range(2):
+            placement = self.draft
+            assert placement is not None
+            new = committed[placement.handle.committed_length:]
+            try:
+                reply = await placement.lease.client.propose(placement.handle, new, num_speculative_tokens)
+            except SessionLost as error:
+                # No Release: it could overtake the Prefill that rebuilds the session on the same
+                # replica (which replaces it there).
+                log.warning("propose on %s: %s; re-prefilling the draft", placement.replica.address, error)
+                placement.lease.end()
+                self.draft = None
+                if attempt == 0:
+                    await self._attach_draft(committed)
+                    if self.draft is not None:
+                        continue
+                return None
+            except (ReplicaError, InvalidInput, OutOfRange) as error:
+                log.warning("propose on %s failed (%s): going on without a draft", placement.replica.address, error)
+                if isinstance(error, ReplicaLost):
+                    self.draft_pool.mark_failed(placement.replica)
+                self._drop_draft()
+                return None
+            placement.handle = reply.handle
+            self.stats.add_draft_call(reply.timing)
+            return reply
+        return None
+
+    async def verify(self, committed: Sequence[int], proposal: Proposal) -> Reply[VerifyOutcome]:
+        for _ in range(MAX_TARGET_RECOVERIES):
+            placement = self.target
+            assert placement is not None
+            try:
+                reply = await placement.lease.client.verify(placement.handle, proposal)
+            except (SessionLost, ReplicaLost) as error:
+                log.warning("verify on %s failed (%s): re-prefilling from %d committed tokens",
+                            placement.replica.address, error, len(committed))
+                exclude: frozenset[str] = frozenset()
+                if isinstance(error, ReplicaLost):
+                    self.target_pool.mark_failed(placement.replica)
+                    exclude = frozenset({placement.replica.address})
+                await self._recover_target(committed, exclude)
+                continue
+            except (InvalidInput, OutOfRange) as error:
+                raise type(error)(f"target {error}") from error
+            except Refused as error:
+                raise Overloaded(f"target {error}") from error
+            except ReplicaError as error:
+                raise Unavailable(f"target {error}") from error
+            placement.handle = reply.handle
+            self.stats.add_target_call(reply.timing)
+            return reply
+        raise Unavailable(f"the target session could not be recovered after {MAX_TARGET_RECOVERIES} tries")
+
+    async def _recover_target(self, committed: Sequence[int], exclude: frozenset[str]) -> None:
+        """Re-prefills C on another replica if there is one, else on any that answers."""
+        self.stats.re_prefills += 1
+        try:
+            await self._place_target(committed, resume=True, exclude=exclude)
+        except Unavailable:
+            if not exclude:
+                raise
+            await asyncio.sleep(self.target_pool.config.refresh_seconds)
+            await self._place_target(committed, resume=True)
+
+    # -- release --------------------------------------------------------------------------------
+
+    def _drop_draft(self) -> None:
+        if self.draft is not None:
+            self.draft.lease.end()
+            self._release_in_background(self.draft.replica, "draft")
+            self.draft = None
+
+    def release_all(self) -> None:
+        """Releases the session on both sides, and on any replica a Prefill reached. Not awaited:
+        a cancelled request must not wait (or be cancelled again) here, and a finished stream
+        ends for its client without waiting for a slow replica's Release."""
+        for placement in (self.target, self.draft):
+            if placement is not None:
+                placement.lease.end()
+        self.target = self.draft = None
+        for (role, _), replica in list(self._holders.items()):
+            self._release_in_background(replica, role)
+
+    def _release_in_background(self, replica: Replica[TargetClient] | Replica[DraftClient], role: str) -> None:
+        """A stalled replica gets the call's deadline; its session TTL is the backstop."""
+        self._holders.pop((role, replica.address), None)
+        task = asyncio.get_running_loop().create_task(self._release(replica, role))
+        _RELEASES.add(task)
+        task.add_done_callback(_RELEASES.discard)
+
+    async def _release(self, replica: Replica[TargetClient] | Replica[DraftClient], role: str) -> None:
+        try:
+            await replica.client.release(self.session_id)
+        except ReplicaError as error:
+            log.info("release of %s on %s %s failed: %s", self.session_id, role, replica.address, error)

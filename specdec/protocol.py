@@ -1,0 +1,171 @@
+"""The plain types both ends of the wire share: handles, sampling parameters, proposals, verify
+outcomes, timings and a replica's identity. No torch, no gRPC, no protobuf: the model services and
+the orchestrator (which imports no torch) both build on this module, and specdec.rpc.convert
+turns these types into the messages of protos/specdec/v1 and back.
+
+See docs/architecture.md ("The protocol") for what each field means on the wire.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange
+
+PROTOCOL_VERSION = "specdec.v1"
+MAX_DRAFT_TOP_M = 64  # largest q~ a draft may send (entries)
+MIN_TEMPERATURE = 1e-6  # below this (and above 0) logits / temperature can overflow to NaN
+
+Value = TypeVar("Value")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are sampled; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidInput(f"temperature must be finite and >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise InvalidInput(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidInput(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.seed < 2**64:
+            raise InvalidInput(f"seed must be in [0, 2**64), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Names one session's state on one replica. A call carrying the handle of the last applied
+    call gets the stored answer again; see docs/architecture.md ("Handles and retries")."""
+
+    session_id: str
+    replica_id: str
+    committed_length: int  # tokens of C the replica has taken into account
+    epoch: int  # +1 on every prefill or re-prefill of the session on that replica
+
+
+@dataclass(frozen=True)
+class SparseDistribution:
+    """The draft's truncated distribution q~ for one drafted token, exactly as it was sampled from
+    (top-M entries, renormalised, float32 values); the target uses it as sent, never renormalising."""
+
+    token_ids: tuple[int, ...]  # (M,), distinct
+    probs: tuple[float, ...]  # (M,)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A draft's proposal for one round: K token ids and, when sampling, the q~ each was drawn from."""
+
+    token_ids: tuple[int, ...]  # (K,)
+    distributions: tuple[SparseDistribution, ...] = ()  # (K,) when sampling, () when greedy
+    fed_tokens: int = 0  # tokens the draft fed for it: catch-up plus d1 .. d(K-1)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """The target's decision on one proposal (the terms are defined in specdec/sampling.py)."""
+
+    num_accepted: int  # n in [0, K]
+    next_token_id: int  # correction when n < K, bonus when n == K
+    acceptance_signal: tuple[float, ...]  # per draft position: sum(min(p, q~)), or 1/0 if greedy
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What a model service reports about one call. Seconds."""
+
+    compute_seconds: float  # the forward pass(es)
+    queue_seconds: float  # waiting for the model thread
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    """One call as the caller saw it. Seconds."""
+
+    wall_seconds: float  # from sending the request to having the response
+    compute_seconds: float = 0.0  # server-reported forward time
+    queue_seconds: float = 0.0  # server-reported wait for the model thread
+
+    @property
+    def network_seconds(self) -> float:
+        return max(0.0, self.wall_seconds - self.compute_seconds - self.queue_seconds)
+
+
+@dataclass(frozen=True)
+class Reply(Generic[Value]):
+    """A model service's answer to a session call: the new handle, the value, the call's timing."""
+
+    handle: Handle
+    value: Value
+    timing: CallTiming
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """A replica's identity, limits and load (the Info RPC)."""
+
+    protocol_version: str
+    role: str  # "draft" | "target"
+    model_id: str
+    vocab_size: int
+    tokenizer_hash: str
+    max_context: int  # tokens
+    max_num_speculative_tokens: int
+    dtype: str
+    device: str
+    live_sessions: int
+    cached_tokens: int
+    load: float  # forward passes queued or running, over the queue bound
+    replica_id: str
+    eos_token_ids: tuple[int, ...] = ()
+    max_sessions: int = 0
+    max_cached_tokens: int = 0
+
+
+def check_token_ids(token_ids: Iterable[int], vocab_size: int, what: str) -> None:
+    """The one vocabulary check: raises OutOfRange naming the first id outside [0, vocab_size)."""
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise OutOfRange(f"{what}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_compatible(reference: ReplicaInfo, info: ReplicaInfo) -> None:
+    """Raises IncompatibleModels unless info speaks the protocol and shares reference's vocabulary
+    and tokenizer (draft and target must agree on what every token id means)."""
+    if info.protocol_version != PROTOCOL_VERSION:
+        raise IncompatibleModels(
+            f"replica {info.replica_id} speaks {info.protocol_version!r}, not {PROTOCOL_VERSION!r}"
+        )
+    if info.vocab_size != reference.vocab_size:
+        raise IncompatibleModels(
+            f"{info.role} model {info.model_id!r} has a vocabulary of {info.vocab_size} tokens but "
+            f"the target {reference.model_id!r} has {reference.vocab_size}: draft and target must "
+            "share a tokenizer"
+        )
+    if info.tokenizer_hash and reference.tokenizer_hash and info.tokenizer_hash != reference.tokenizer_hash:
+        raise IncompatibleModels(
+            f"{info.role} model {info.model_id!r} uses a different tokenizer from the target "
+            f"{reference.model_id!r} (tokenizer hash {info.tokenizer_hash[:12]} vs "
+            f"{reference.tokenizer_hash[:12]})"
+        )
+
