@@ -1,4 +1,4 @@
-"""Speedup of a draft/target pair (issue 3): speculative vs target-only through the same services,
+"""Speedup of a draft/target pair: speculative vs target-only through the same services,
 fixed K in 1..8, Hugging Face assisted generation on the same models in-process, the measured
 acceptance alpha and cost ratio c, the speedup bound they imply, and concurrent streams.
 
@@ -24,15 +24,14 @@ from pathlib import Path
 import grpc
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from orchestrator.k_controller import speedup_bound
+from specdec.prompt_sets import BENCHMARK_PROMPTS, TASK_KINDS
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+from specdec_cli.client import chat_request
+from specdec_cli.stack import StackConfig, local_stack, prepare_default_models
 
-from orchestrator.k_controller import speedup_bound  # noqa: E402
-from specdec.prompt_sets import BENCHMARK_PROMPTS, TASK_KINDS  # noqa: E402
-from specdec.v1 import orchestrator_pb2 as pb  # noqa: E402
-from specdec.v1 import orchestrator_pb2_grpc  # noqa: E402
-from specdec_cli.demo_cmd import prepare_default_models  # noqa: E402
-from specdec_cli.up_cmd import StackConfig, local_stack  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -88,12 +87,8 @@ def chosen_prompts(per_kind: int):
 
 
 def request_for(prompt, temperature: float, mode: int, k: int, max_new_tokens: int, seed: int) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(
-        messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt.messages],
-        max_new_tokens=max_new_tokens, speculation=pb.SpeculationConfig(mode=mode),
-    )
-    request.sampling.temperature = temperature
-    request.sampling.seed = seed
+    request = chat_request(prompt.messages, max_new_tokens, pb.SpeculationConfig(mode=mode),
+                           temperature, seed)
     if mode == pb.SPECULATION_MODE_FIXED:
         request.speculation.num_speculative_tokens = k
     return request
@@ -176,8 +171,8 @@ def measured_model(runs: list[Run], k_for_alpha: int = 4) -> dict:
     calls_target = sum(r.rounds + 1 for r in greedy)
     calls_draft = sum(r.draft_calls + 1 for r in speculative)
     rtt = sum(r.network_seconds for r in greedy) / (calls_target + calls_draft)
-    k_max = max(int(r.schedule[2:]) for r in speculative)
-    bound = speedup_bound(alpha, t_step, t_draft, verify_fn, rtt, rtt, k_max)
+    largest = max(int(r.schedule[2:]) for r in speculative)
+    bound = speedup_bound(alpha, t_step, t_draft, verify_fn, rtt, rtt, largest)
     return {"alpha": alpha, "drafted_at_k": drafted, "t_step": t_step, "t_draft": t_draft,
             "c": t_draft / t_step, "verify_a": a, "verify_b": b,
             "verify_by_rows": {str(k): v for k, v in verify_by_rows.items()}, "rtt_per_hop": rtt,

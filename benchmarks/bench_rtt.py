@@ -1,5 +1,5 @@
 """Adaptive K against a fixed-K sweep and Hugging Face's heuristic under injected network delay
-(issue 4; DESIGN.md sections 4 and 7).
+(how K is chosen: docs/architecture.md, "Choosing K").
 
 The target and draft services run as separate processes (`specdec serve`). For each round-trip
 time (RTT = 2 x the one-way delay) a TCP delay proxy, in a thread of this process, sits in front of
@@ -33,12 +33,9 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from specdec.v1 import orchestrator_pb2 as pb
 
-from benchmarks import common  # noqa: E402
-from specdec.v1 import orchestrator_pb2 as pb  # noqa: E402
+import common  # benchmarks/common.py: a script's own folder is first on sys.path
 
 ADAPTIVE, HEURISTIC = "adaptive", "heuristic"
 GOAL_FRACTION_OF_BEST_FIXED = 0.95
@@ -198,9 +195,9 @@ def warm_up_and_reference(clients: dict, config: BenchConfig, prompts: list) -> 
     off = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF)
     for client in clients.values():
         for spec in (off, pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2)):
-            client.generate(common.chat_request(prompts[0], 4, 0.0, None, spec))
+            client.generate(common.chat_request(prompts[0].messages, 4, spec))
     reference_client = clients[min(clients)]
-    return [reference_client.generate(common.chat_request(p, config.max_new_tokens, 0.0, None, off)).token_ids
+    return [reference_client.generate(common.chat_request(p.messages, config.max_new_tokens, off)).token_ids
             for p in prompts]
 
 
@@ -253,8 +250,8 @@ def sweep(clients: dict, config: BenchConfig, prompts: list, references: list,
                 tokens = seconds = 0.0
                 for index, prompt in enumerate(prompts):
                     seed = SAMPLING_SEED + index if temperature > 0 else None
-                    request = common.chat_request(prompt, config.max_new_tokens, temperature, seed,
-                                                  speculation(schedule, config))
+                    request = common.chat_request(prompt.messages, config.max_new_tokens,
+                                                  speculation(schedule, config), temperature, seed)
                     result = clients[rtt_ms].generate(request)
                     record = run_record(result, repetition=repetition, rtt_ms=rtt_ms, schedule=schedule,
                                         temperature=temperature, prompt=prompt.name)

@@ -1,16 +1,15 @@
 """Helpers shared by the benchmarks: services as separate processes, delay proxies, Generate calls,
 summary statistics, tables and result files.
 
-A benchmark script puts the repository root on sys.path before importing this module (the
-benchmarks are not installed), e.g.
-
-    ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))
-    from benchmarks import common
+The benchmarks are scripts, run as `python benchmarks/NAME.py` (the tests in tests/benchmarks run
+them the same way, as subprocesses). Python puts a script's own folder first on sys.path, so a
+script imports this module as `import common`; specdec, orchestrator, ... come from the
+(editable) install.
 
 Services are started through the CLI (`specdec serve ...`) as separate processes, so the
 measurement includes the real process boundary; network delay is injected by TCP delay proxies
-that run in the benchmark's own process, one thread each (DESIGN.md section 7).
+that run in the benchmark's own process, one thread each, so the delay is on the real wire
+between the processes.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
@@ -36,7 +34,9 @@ import grpc
 from specdec.delay_proxy import DelayProxyConfig, start_in_thread
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
-from specdec_cli.processes import ServiceProcess, start_service
+from specdec_cli.client import chat_request, format_table  # noqa: F401 (the benchmarks' too)
+from specdec_cli.processes import ServiceProcess
+from specdec_cli.stack import prepare_default_models, start_services  # noqa: F401 (also theirs)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -87,48 +87,6 @@ def service_env(torch_threads: int | None = None) -> dict[str, str]:
     if torch_threads is not None:
         env["OMP_NUM_THREADS"] = str(torch_threads)
     return env
-
-
-def prepare_default_models(pair: ModelPair) -> None:
-    """Dequantise the default target once, here, so two services do not both do it at start."""
-    if "default" in (pair.target, pair.draft):
-        from specdec.default_model import resolve_default_target
-
-        resolve_default_target(progress=True)
-
-
-def start_services(stack: ExitStack, commands: Sequence[tuple[str, list[str], dict[str, str]]],
-                   timeout: float = 900.0) -> list[ServiceProcess]:
-    """`specdec serve ROLE ARGS` for each (role, args, env), started concurrently and waited for
-    (READY); on leaving `stack` all are stopped concurrently. Raises if any failed to start."""
-    started: list[ServiceProcess | None] = [None] * len(commands)
-    errors: list[BaseException] = []
-
-    def start(index: int, role: str, args: list[str], env: dict[str, str]) -> None:
-        try:
-            started[index] = start_service(role, args, timeout=timeout, env=env)
-        except BaseException as error:  # re-raised below, once every start has finished
-            errors.append(error)
-
-    threads = [threading.Thread(target=start, args=(i, *command)) for i, command in enumerate(commands)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    running = [service for service in started if service is not None]
-    stack.callback(stop_services, running)
-    if errors:
-        raise errors[0]
-    return running
-
-
-def stop_services(services: Sequence[ServiceProcess]) -> None:
-    """SIGTERM to all at once (each drains on its own), then wait for all."""
-    threads = [threading.Thread(target=service.stop) for service in services]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
 
 
 def start_model_services(stack: ExitStack, pair: ModelPair) -> dict[str, ServiceProcess]:
@@ -186,19 +144,6 @@ def token_digest(token_ids: Iterable[int]) -> str:
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
 
 
-def chat_request(prompt, max_new_tokens: int, temperature: float, seed: int | None,
-                 speculation: pb.SpeculationConfig) -> pb.GenerateRequest:
-    """A GenerateRequest for one prompt of the prompt sets (chat messages)."""
-    request = pb.GenerateRequest(
-        messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt.messages],
-        max_new_tokens=max_new_tokens, speculation=speculation,
-    )
-    request.sampling.temperature = temperature
-    if seed is not None:
-        request.sampling.seed = seed
-    return request
-
-
 class OrchestratorClient:
     """A sync channel to one orchestrator; call close() (or use `with`)."""
 
@@ -248,25 +193,6 @@ def format_spread(figures: dict, digits: int = 1) -> str:
     if figures["n"] == 1:
         return median
     return f"{median} ({figures['min']:.{digits}f}–{figures['max']:.{digits}f})"
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False,
-                 left_columns: int = 1) -> str:
-    """A plain-text or markdown table; the first `left_columns` columns are left-aligned (labels),
-    the others right-aligned (figures)."""
-    if markdown:
-        align = [":---" if i < left_columns else "---:" for i in range(len(headers))]
-        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines)
-    table = [list(headers), *map(list, rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(headers))]
-
-    def render(line: Sequence[str]) -> str:
-        return "  ".join(cell.ljust(w) if i < left_columns else cell.rjust(w)
-                         for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
-
-    return "\n".join([render(headers), "  ".join("-" * w for w in widths), *map(render, rows)])
 
 
 def environment() -> dict[str, object]:

@@ -1,8 +1,8 @@
 """The adaptive K controller against fixed K in a simulated world, in seconds (no models, no services).
 
 A simulation, not a measurement: it replays the controller (orchestrator/k_controller.py) on a cost
-model taken from the default pair's pair benchmark on this CPU (session 7: T_verify by row count
-64, 68, 72, 98, 102, 104, 121, 126, 126 ms for 1-9 rows, a 7 ms draft pass, one hop's RTT) and
+model taken from the default pair's pair benchmark on a 2-core CPU (T_verify by row count 64,
+68, 72, 98, 102, 104, 121, 126, 126 ms for 1-9 rows, a 7 ms draft pass, one hop's RTT) and
 on per-prompt acceptance rates from the same benchmark (alpha 0.20-0.64, geometric acceptance),
 with multiplicative timing noise. Sessions run one after another through one pool's priors, as
 the benchmark's prompts do. It prints tokens per second over K = 0 for fixed K and for the
@@ -20,17 +20,12 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from orchestrator.k_controller import AdaptiveKController, KControllerConfig
+from orchestrator.k_estimates import ControllerPriors
+from orchestrator.k_policy import FixedK, KPolicy, RoundObservation
 
-from orchestrator.k_controller import AdaptiveKController, KControllerConfig  # noqa: E402
-from orchestrator.k_estimates import ControllerPriors  # noqa: E402
-from orchestrator.k_policy import FixedK, KPolicy, RoundObservation  # noqa: E402
-
-# The default pair on this CPU, one torch thread per service (bench_pair, session 7), seconds.
+# The default pair on a 2-core CPU, one torch thread per service (bench_pair.py), seconds.
 VERIFY_BY_ROWS = (0.0635, 0.0684, 0.0724, 0.0976, 0.1022, 0.1036, 0.1206, 0.1257, 0.1260)
 VERIFY_SLOPE_BEYOND = 0.006  # per row past the table
 DRAFT_PASS = 0.0070
@@ -95,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=48, help="committed tokens per session")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--passes", type=int, default=3, help="passes over the prompts per seed")
-    parser.add_argument("--k-max", type=int, default=16)
+    parser.add_argument("--max-num-speculative-tokens", type=int, default=16)
     args = parser.parse_args(argv)
     world = World(args.rtt_ms / 1e3, args.noise, args.tokens)
-    config = KControllerConfig(k_max=args.k_max)
+    config = KControllerConfig(max_num_speculative_tokens=args.max_num_speculative_tokens)
 
     def mean_rate(make_policy) -> float:
         return statistics.mean(tokens_per_second(make_policy, world, seed, args.passes)
@@ -112,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("adaptive (defaults)", mean_rate(adaptive(config))))
     without = replace(config, verify_optimism=0.0, zero_k_optimism=0.0)
     rows.append(("adaptive, no optimism", mean_rate(adaptive(without))))
+    # The simpler controller it replaced, for comparison: T_verify a line only (no per-row
+    # residuals), and the pool's alpha worth one pseudo-trial to a new session.
     line_only = replace(without, verify_row_shrink=1e12, pool_alpha_strength=1.0)
-    rows.append(("adaptive as in session 7", mean_rate(adaptive(line_only))))
+    rows.append(("adaptive, line-only fit", mean_rate(adaptive(line_only))))
     print(f"simulated: RTT {args.rtt_ms} ms per hop, {args.tokens} tokens per session, "
           f"{args.seeds} seeds x {args.passes} passes over {len(PROMPT_ALPHAS)} prompts")
     print(f"{'schedule':26s}  tokens/s over K=0")

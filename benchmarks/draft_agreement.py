@@ -1,4 +1,4 @@
-"""How well drafts predict the target on the benchmark's prompts (issue 3), per task kind.
+"""How well drafts predict the target on the benchmark's prompts, per task kind.
 
 The target answers every prompt of specdec/prompt_sets.py greedily (batched, in-process); each draft
 is then teacher-forced on those answers, which gives its greedy agreement and τ at K (mean
@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from specdec.distill.data import encode_prompt, generate_examples  # noqa: E402
-from specdec.distill.evaluate import evaluate_held_out  # noqa: E402
-from specdec.prompt_sets import ALL_PROMPTS, TASK_KINDS  # noqa: E402
+from specdec.distill.data import encode_prompt, generate_examples
+from specdec.distill.evaluate import evaluate_held_out
+from specdec.prompt_sets import ALL_PROMPTS, TASK_KINDS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""The draft's cost per Propose when the target's pass has just run on the same CPU (issue 3).
+"""The draft's cost per Propose when the target's pass has just run on the same CPU.
 
 `specdec distill` and `evaluate.cost_ratio` time draft steps back to back, so the draft's weights
 stay in the CPU's cache. In the guess-verify loop on one machine every Propose follows a target
@@ -17,21 +17,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from draft_service.engine import DraftEngine  # noqa: E402
-from specdec.distill.evaluate import step_seconds  # noqa: E402
-from specdec.kv_cache import SequenceCache  # noqa: E402
-from specdec.models import ModelConfig, load_model  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
+from draft_service.engine import DraftEngine
+from specdec.distill.evaluate import step_seconds
+from specdec.kv_cache import SequenceCache
+from specdec.models import ModelConfig, load_model
+from specdec.sampling import SamplingParams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

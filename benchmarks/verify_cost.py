@@ -1,6 +1,7 @@
-"""What a target pass over n tokens costs relative to one (T_verify(n) / T_verify(1), DESIGN.md
-section 4), with Hugging Face's sdpa attention and with specdec's (specdec/attention.py, which
-keeps grouped-query key/value heads unrepeated under a mask), alternating in one process.
+"""What a target pass over n tokens costs relative to one (T_verify(n) / T_verify(1), the verify
+cost in docs/architecture.md, "Choosing K"), with Hugging Face's sdpa attention and with
+specdec's (specdec/attention.py, which keeps grouped-query key/value heads unrepeated under a
+mask), alternating in one process.
 
 Each measurement feeds n tokens after a cache of --context tokens and crops them off again; the
 two attention implementations take turns repetition by repetition, so a machine that speeds up or
@@ -14,19 +15,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from specdec import attention  # noqa: E402
-from specdec.kv_cache import SequenceCache  # noqa: E402
-from specdec.models import ModelConfig, load_model  # noqa: E402
+from specdec import attention
+from specdec.kv_cache import SequenceCache
+from specdec.models import ModelConfig, load_model
 
 IMPLEMENTATIONS = {"hf sdpa": "sdpa", "specdec": attention.NAME}
 

@@ -142,7 +142,7 @@ class ReplicaPool(Generic[Client]):
                 replica = Replica(endpoint.address, self._client(endpoint.address, channel),
                                   accepting=endpoint.ready)
                 self.replicas[endpoint.address] = replica
-                log.info("%s replica %s joined the pool", self.role, endpoint.address)
+                log.info("%s replica %s found: asking it for Info", self.role, endpoint.address)
             elif replica.accepting != endpoint.ready:
                 log.info("%s replica %s %s", self.role, endpoint.address, "takes new sessions again"
                          if endpoint.ready else "is draining: keeps its sessions, takes no new ones")
@@ -197,6 +197,9 @@ class ReplicaPool(Generic[Client]):
                 replica.refused = str(error)
             else:
                 replica.refused = ""
+        if replica.info is None and not replica.refused:
+            log.info("%s replica %s joined the pool (%s, model %s)", self.role, replica.address,
+                     info.replica_id, info.model_id)
         replica.info = info
         replica.replica_id = info.replica_id
         replica.picks_since_probe = 0

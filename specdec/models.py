@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from specdec import attention
+from specdec.errors import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def resolve_model_dir(model: str, role: Role) -> Path:
         return Path(DEFAULT_DRAFT_DIR)
     path = Path(model).expanduser()
     if not (path / "config.json").is_file() and not _is_draft_dir(path):
-        raise FileNotFoundError(
+        raise InvalidInput(
             f"{model!r} is not a model directory (no config.json); pass a local Hugging Face "
             f"model directory or 'default'"
         )
@@ -95,7 +96,21 @@ def _is_draft_dir(path: Path) -> bool:
     return is_draft_dir(path)
 
 
+def check_device(device: str) -> None:
+    """Raises Unavailable if torch cannot run on `device` here (no CUDA build, no such GPU)."""
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise Unavailable(f"device {device!r} is not available on this machine ({why}); use --device cpu")
+    index, count = device.partition(":")[2], torch.cuda.device_count()
+    if index and not (index.isdigit() and int(index) < count):
+        raise Unavailable(f"device {device!r} is not available: this machine has {count} GPU(s), "
+                          f"cuda:0 to cuda:{count - 1}")
+
+
 def load_model(config: ModelConfig) -> LoadedModel:
+    check_device(config.device)
     path = resolve_model_dir(config.model, config.role)
     dtype = config.torch_dtype
     if _is_draft_dir(path):

@@ -9,18 +9,15 @@ from pathlib import Path
 from specdec.distill.config import COMPUTE_DTYPES, DistillConfig
 
 
-def register(subparsers) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
     defaults = DistillConfig(target="default", out_dir=Path("."))
-    parser = subparsers.add_parser(
-        "distill",
-        help="train a draft model for a target on the target's own greedy answers",
-        description="Let the target write half of the prompts itself and answer them along with "
-                    "prompts built offline (everyday code, explanation, chat and translation "
-                    "requests, plus some from Python's documentation), train "
-                    "a small draft on its answers, report held-out greedy agreement and mean "
-                    "committed tokens per round, and write a specdec draft dir. The defaults "
-                    "reproduce the committed default draft (80-110 minutes on 2 CPU cores).",
-    )
+    parser.description = (
+        "Let the target write half of the prompts itself and answer them along with "
+        "prompts built offline (everyday code, explanation, chat and translation "
+        "requests, plus some from Python's documentation), train "
+        "a small draft on its answers, report held-out greedy agreement and mean "
+        "committed tokens per round, and write a specdec draft dir. The defaults "
+        "reproduce the committed default draft (80-110 minutes on 2 CPU cores).")
     parser.add_argument("--target", required=True,
                         help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")
     parser.add_argument("--out", required=True, type=Path, help="output draft directory")

@@ -10,9 +10,24 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specdec_cli.flags import UsageError
+
 READY = re.compile(r"^READY (\w+) (\S+):(\d+)")
+
+
+class ServiceDidNotStart(UsageError):
+    """A `specdec serve` process exited, or ran out of time, before its READY line. The message
+    is one line ending with the last line it printed; `output` has the rest."""
+
+    def __init__(self, role: str, returncode: int | None, output: str) -> None:
+        last = next((line for line in reversed(output.splitlines()) if line.strip()), "")
+        how = f"exited with {returncode}" if returncode is not None else "timed out"
+        super().__init__(f"the {role} service did not start ({how}): {last.strip()}")
+        self.output = output
+        self.add_note(f"its output:\n{output[-4000:]}")
 
 
 @dataclass
@@ -48,15 +63,20 @@ def specdec_command(*args: str) -> list[str]:
 
 
 def start_service(
-    role: str, args: list[str], timeout: float = 600.0, echo: bool = False, env: dict | None = None
+    role: str, args: list[str], timeout: float = 600.0, echo: bool = False, env: dict | None = None,
+    on_spawn: Callable[[ServiceProcess], None] | None = None,
 ) -> ServiceProcess:
-    """Runs `specdec serve ROLE ARGS` and returns once it printed READY (with its address)."""
+    """Runs `specdec serve ROLE ARGS` and returns once it printed READY (with its address).
+    on_spawn(service) is called as soon as the process exists, before it is ready (to stop it
+    if the start is abandoned). Raises ServiceDidNotStart."""
     command = specdec_command("serve", role, *args)
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         env={**os.environ, **(env or {})},
     )
     service = ServiceProcess(role, process)
+    if on_spawn is not None:
+        on_spawn(service)
     ready = threading.Event()
 
     def pump() -> None:
@@ -70,13 +90,13 @@ def start_service(
                 service.address = f"{match.group(2)}:{match.group(3)}"
                 ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     deadline = time.monotonic() + timeout
     while not ready.wait(0.1):
         if process.poll() is not None or time.monotonic() > deadline:
+            returncode = process.poll()
             service.kill()
-            raise RuntimeError(
-                f"specdec serve {role} did not become ready (exit {process.returncode}):\n"
-                + service.output()[-4000:]
-            )
+            reader.join(10)  # its last lines say why
+            raise ServiceDidNotStart(role, returncode, service.output())
     return service

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 import sys
 
 from specdec.delay_proxy import DelayProxy, DelayProxyConfig
+from specdec_cli.flags import UsageError, default_of
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -18,27 +20,23 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "proxy",
-        help="forward TCP to a service, adding network delay (for benchmarks)",
-        description=(
-            "Listen on a port and forward every connection to HOST:PORT, holding the bytes in each"
-            " direction for --delay-ms (plus jitter), so a round trip gains 2 x --delay-ms."
-            " Prints the listening address, then runs until Ctrl-C."
-        ),
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Listen on a port and forward every connection to HOST:PORT, holding the bytes in each"
+        " direction for --delay-ms (plus jitter), so a round trip gains 2 x --delay-ms."
+        " Prints the listening address, then runs until Ctrl-C."
     )
-    parser.add_argument("--listen-host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--listen-port", type=int, default=0, help="port (0: pick a free one)")
+    parser.add_argument("--listen-host", default=default_of(DelayProxyConfig, "listen_host"),
+                        help="address to listen on")
+    parser.add_argument("--listen-port", type=int, default=default_of(DelayProxyConfig, "listen_port"),
+                        help="port (0: pick a free one)")
     parser.add_argument(
         "--upstream", required=True, type=parse_host_port, metavar="HOST:PORT", help="service"
     )
-    parser.add_argument(
-        "--delay-ms", type=float, default=0.0, help="one-way delay added to each direction, ms"
-    )
-    parser.add_argument(
-        "--jitter-ms", type=float, default=0.0, help="uniform jitter half-width per chunk, ms"
-    )
+    parser.add_argument("--delay-ms", type=float, default=default_of(DelayProxyConfig, "one_way_delay_ms"),
+                        help="one-way delay added to each direction, ms")
+    parser.add_argument("--jitter-ms", type=float, default=default_of(DelayProxyConfig, "jitter_ms"),
+                        help="uniform jitter half-width per chunk, ms")
     parser.add_argument("--seed", type=int, default=None, help="jitter random seed")
     parser.set_defaults(func=run)
 
@@ -58,15 +56,26 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specdec proxy: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(config))
-    return 0
+    received = asyncio.run(_serve(config))
+    return 130 if received == signal.SIGINT else 0  # 130: the shell's code for Ctrl-C
 
 
-async def _serve(config: DelayProxyConfig) -> None:
+async def _serve(config: DelayProxyConfig) -> signal.Signals:
+    """Runs until SIGTERM or SIGINT; returns which. Both are caught here, as a background job
+    started by a non-interactive shell inherits SIGINT ignored and gets no KeyboardInterrupt."""
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)  # Ctrl-C arrives as KeyboardInterrupt
-    async with DelayProxy(config) as proxy:
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, lambda number=number: (received.append(number), stop.set()))
+    proxy = DelayProxy(config)
+    try:
+        await proxy.start()
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {config.listen_port} is already in use") from error
+        raise
+    try:
         print(
             f"specdec proxy listening on {config.listen_host}:{proxy.port}"
             f" -> {config.upstream_host}:{config.upstream_port}"
@@ -74,3 +83,6 @@ async def _serve(config: DelayProxyConfig) -> None:
             flush=True,
         )
         await stop.wait()
+    finally:
+        await proxy.close()
+    return received[0]

@@ -7,39 +7,48 @@ import asyncio
 import dataclasses
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from draft_service.service import DraftConfig
 from orchestrator.clients import RpcTimeouts
+from orchestrator.pool import PoolConfig
+from orchestrator.service import OrchestratorConfig
+from specdec.models import ModelConfig
 from specdec.rpc.auth import TOKEN_ENV
-from specdec.rpc.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig, TlsConfig
-from specdec.sampling import MAX_DRAFT_TOP_M
+from specdec.rpc.server import ServerConfig, TlsConfig, check_port_free
+from specdec.serving import ServiceConfig
+from specdec.sessions import SessionBudget
+from specdec_cli.client import DEFAULT_PORTS
+from specdec_cli.flags import HelpFormatter, UsageError, default_of
 
-DEFAULT_PORTS = {"orchestrator": 50050, "target": 50051, "draft": 50052}
 
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    serve = subparsers.add_parser("serve", help="run one service (target, draft or orchestrator)")
+def configure(serve: argparse.ArgumentParser) -> None:
     roles = serve.add_subparsers(dest="role", required=True, metavar="ROLE")
     for role in ("target", "draft"):
-        parser = roles.add_parser(role, help=f"the {role} model service")
+        parser = roles.add_parser(role, help=f"the {role} model service", formatter_class=HelpFormatter)
         _server_flags(parser, role)
         _model_flags(parser, role)
         parser.set_defaults(func=run_model_service)
-    parser = roles.add_parser("orchestrator", help="the public API; runs the guess-verify loop")
+    parser = roles.add_parser("orchestrator", help="the public API; runs the guess-verify loop",
+                              formatter_class=HelpFormatter)
     _server_flags(parser, "orchestrator")
     orchestrator_flags(parser)
     parser.set_defaults(func=run_orchestrator)
 
 
 def _server_flags(parser: argparse.ArgumentParser, role: str) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", default=default_of(ServerConfig, "host"), help="address to bind")
     parser.add_argument("--port", type=int, default=DEFAULT_PORTS[role],
-                        help=f"service port; 0 picks a free one (default {DEFAULT_PORTS[role]})")
+                        help="service port; 0 picks a free one")
     parser.add_argument("--health-port", type=int, default=None,
                         help="also serve grpc.health.v1 in plaintext on this port (for kubelet probes)")
-    parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
-    parser.add_argument("--grace-seconds", type=float, default=10.0,
-                        help="on SIGTERM, how long in-flight calls may finish (default 10)")
+    parser.add_argument("--max-message-bytes", type=int,
+                        default=default_of(ServerConfig, "max_message_bytes"),
+                        help="largest gRPC message sent or received")
+    parser.add_argument("--grace-seconds", type=float, default=default_of(ServerConfig, "grace_seconds"),
+                        help="on SIGTERM, how long in-flight calls may finish")
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate of this server (enables TLS)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key of this server")
     parser.add_argument("--tls-ca", type=Path,
@@ -49,29 +58,33 @@ def _server_flags(parser: argparse.ArgumentParser, role: str) -> None:
 def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--model", required=True,
                         help="a local Hugging Face model directory, or 'default' for the default pair")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    parser.add_argument("--dtype", default="auto",
+    parser.add_argument("--device", default=default_of(ModelConfig, "device"), help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default=default_of(ModelConfig, "dtype"),
                         choices=["auto", "float32", "float16", "bfloat16", "float64"],
                         help="auto: float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--replica-id", default=None, help="this replica's name (default host:port)")
-    parser.add_argument("--max-sessions", type=int, default=64, help="session budget (default 64)")
-    parser.add_argument("--max-cached-tokens", type=int, default=1_000_000,
-                        help="budget of tokens held in KV caches (default 1,000,000)")
-    parser.add_argument("--session-ttl", type=float, default=600.0,
-                        help="idle sessions are dropped after this many seconds (default 600)")
-    parser.add_argument("--max-num-speculative-tokens", type=int, default=16,
-                        help="largest K accepted per round (default 16)")
-    parser.add_argument("--max-context", type=int, default=0,
+    parser.add_argument("--max-sessions", type=int, default=default_of(SessionBudget, "max_sessions"),
+                        help="session budget")
+    parser.add_argument("--max-cached-tokens", type=int,
+                        default=default_of(SessionBudget, "max_cached_tokens"),
+                        help="budget of tokens held in KV caches")
+    parser.add_argument("--session-ttl", type=float, default=default_of(SessionBudget, "ttl_seconds"),
+                        help="idle sessions are dropped after this many seconds")
+    parser.add_argument("--max-num-speculative-tokens", type=int,
+                        default=default_of(ServiceConfig, "max_num_speculative_tokens"),
+                        help="largest K accepted per round")
+    parser.add_argument("--max-context", type=int, default=default_of(ModelConfig, "max_context"),
                         help="longest sequence per session; 0: the model's own limit")
-    parser.add_argument("--max-queue", type=int, default=64,
-                        help="forward passes waiting before RESOURCE_EXHAUSTED (default 64)")
+    parser.add_argument("--max-queue", type=int, default=default_of(ServiceConfig, "max_queue"),
+                        help="forward passes waiting before RESOURCE_EXHAUSTED")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for forward passes (default: torch's choice)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics (specdec_active_sessions, ...) on this HTTP port")
     if role == "draft":
-        parser.add_argument("--top-m", type=int, default=MAX_DRAFT_TOP_M,
-                            help=f"entries of each draft distribution sent when sampling (<= {MAX_DRAFT_TOP_M})")
+        parser.add_argument("--top-m", type=int, default=default_of(DraftConfig, "top_m"),
+                            help="entries of each draft distribution sent when sampling (default "
+                                 "and maximum: %(default)s)")
 
 
 def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
@@ -80,21 +93,23 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="tokenizer directory (default: fetched from a target replica)")
     add_speculation_flags(parser)
-    parser.add_argument("--default-max-new-tokens", type=int, default=256)
-    parser.add_argument("--startup-timeout", type=float, default=600.0,
-                        help="seconds to wait for the pools at start (default 600)")
-    parser.add_argument("--pool-refresh-seconds", type=float, default=2.0,
-                        help="how often replicas are re-discovered and probed (default 2)")
-    defaults = RpcTimeouts()
-    parser.add_argument("--prefill-timeout", type=float, default=defaults.prefill_seconds,
-                        help="deadline of a Prefill on a replica, seconds "
-                             f"(default {defaults.prefill_seconds:g})")
-    parser.add_argument("--step-timeout", type=float, default=defaults.step_seconds,
+    parser.add_argument("--default-max-new-tokens", type=int,
+                        default=default_of(OrchestratorConfig, "default_max_new_tokens"),
+                        help="max_new_tokens of a request that does not set it")
+    parser.add_argument("--startup-timeout", type=float,
+                        default=default_of(OrchestratorConfig, "startup_timeout_seconds"),
+                        help="seconds to wait at start for a target replica to answer (the wait "
+                             "is logged every few seconds; SIGTERM or Ctrl-C stop it)")
+    parser.add_argument("--pool-refresh-seconds", type=float,
+                        default=default_of(PoolConfig, "refresh_seconds"),
+                        help="how often replicas are re-discovered and probed")
+    parser.add_argument("--prefill-timeout", type=float, default=default_of(RpcTimeouts, "prefill_seconds"),
+                        help="deadline of a Prefill on a replica, seconds")
+    parser.add_argument("--step-timeout", type=float, default=default_of(RpcTimeouts, "step_seconds"),
                         help="deadline of a Propose or Verify; a replica that stalls longer is "
-                             f"treated as failed (default {defaults.step_seconds:g})")
-    parser.add_argument("--control-timeout", type=float, default=defaults.control_seconds,
-                        help="deadline of Info, Release and GetTokenizer "
-                             f"(default {defaults.control_seconds:g})")
+                             "treated as failed")
+    parser.add_argument("--control-timeout", type=float, default=default_of(RpcTimeouts, "control_seconds"),
+                        help="deadline of Info, Release and GetTokenizer")
     parser.add_argument("--auth-token-file", type=Path, default=None,
                         help=f"clients of the API must send 'authorization: Bearer <token>' with "
                              f"the token in this file (default: ${TOKEN_ENV} if set, else no token)")
@@ -112,20 +127,22 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--speculation", default="adaptive",
+    parser.add_argument("--speculation", default=default_of(OrchestratorConfig, "speculation"),
                         choices=["off", "fixed", "adaptive", "heuristic"],
-                        help="default speculation mode for requests that do not set one (default adaptive)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=4,
-                        help="K of fixed mode and the heuristic's starting K (default 4)")
-    parser.add_argument("--max-num-speculative-tokens", type=int, default=16,
-                        help="the cap of adaptive K (default 16; the servers' limit also applies)")
+                        help="speculation mode of requests that do not set one")
+    parser.add_argument("--num-speculative-tokens", type=int,
+                        default=default_of(OrchestratorConfig, "num_speculative_tokens"),
+                        help="K of fixed mode and the heuristic's starting K")
+    parser.add_argument("--max-num-speculative-tokens", type=int,
+                        default=default_of(OrchestratorConfig, "max_num_speculative_tokens"),
+                        help="adaptive K's maximum (the servers' limit also applies)")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
-            raise SystemExit("--tls-cert and --tls-key go together")
+            raise UsageError("--tls-cert and --tls-key go together")
         tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
     return ServerConfig(
         host=args.host, port=args.port, health_port=args.health_port,
@@ -134,33 +151,41 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_model_service(args: argparse.Namespace) -> int:
-    from specdec.models import ModelConfig
-    from specdec.serving import ServiceConfig
-    from specdec.sessions import SessionBudget
-
+    if args.metrics_port:  # the service port and the health port are checked before the model loads
+        check_port_free(args.host, args.metrics_port)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    model = ModelConfig(args.model, args.role, device=args.device, dtype=args.dtype,
-                        max_context=args.max_context)
-    service = ServiceConfig(
-        replica_id=args.replica_id or default_replica_id(args.port),
-        budget=SessionBudget(args.max_sessions, args.max_cached_tokens, args.session_ttl),
-        max_num_speculative_tokens=args.max_num_speculative_tokens,
-        max_queue=args.max_queue,
-    )
+    with flag_values():
+        model = ModelConfig(args.model, args.role, device=args.device, dtype=args.dtype,
+                            max_context=args.max_context)
+        service = ServiceConfig(
+            replica_id=args.replica_id or default_replica_id(args.port),
+            budget=SessionBudget(args.max_sessions, args.max_cached_tokens, args.session_ttl),
+            max_num_speculative_tokens=args.max_num_speculative_tokens,
+            max_queue=args.max_queue,
+        )
+        server = server_config(args)
+        draft = DraftConfig(top_m=args.top_m) if args.role == "draft" else None
     if args.role == "target":
         from target_service.server import serve
 
-        asyncio.run(serve(model, service, server_config(args), args.metrics_port))
+        asyncio.run(serve(model, service, server, args.metrics_port))
     else:
         from draft_service.server import serve
-        from draft_service.service import DraftConfig
 
-        asyncio.run(serve(model, service, server_config(args), args.metrics_port,
-                          DraftConfig(top_m=args.top_m)))
+        asyncio.run(serve(model, service, server, args.metrics_port, draft))
     return 0
+
+
+@contextmanager
+def flag_values() -> Iterator[None]:
+    """A config's ValueError (a flag's value out of range) is a usage error: one line, exit 2."""
+    try:
+        yield
+    except ValueError as error:
+        raise UsageError(str(error)) from error
 
 
 def default_replica_id(port: int) -> str:
@@ -168,10 +193,7 @@ def default_replica_id(port: int) -> str:
     return f"{host}:{port}" if port else f"{host}-{os.getpid()}"
 
 
-def orchestrator_config(args: argparse.Namespace):
-    from orchestrator.pool import PoolConfig
-    from orchestrator.service import OrchestratorConfig
-
+def orchestrator_config(args: argparse.Namespace) -> OrchestratorConfig:
     return OrchestratorConfig(
         draft=args.draft,
         target=args.target,
@@ -198,10 +220,10 @@ def upstream_tls(args: argparse.Namespace) -> TlsConfig | None:
     ca = args.upstream_tls_ca or args.tls_ca
     if not (cert or key or ca):
         if args.upstream_tls_server_name:
-            raise SystemExit("--upstream-tls-server-name needs TLS to the replicas")
+            raise UsageError("--upstream-tls-server-name needs TLS to the replicas")
         return None
     if not (cert and key):
-        raise SystemExit("TLS to the replicas needs a client certificate and key: "
+        raise UsageError("TLS to the replicas needs a client certificate and key: "
                          "--upstream-tls-cert and --upstream-tls-key (or --tls-cert and --tls-key)")
     return TlsConfig(cert_file=cert, key_file=key, ca_file=ca, server_name=args.upstream_tls_server_name)
 
@@ -215,12 +237,17 @@ def run_orchestrator(args: argparse.Namespace) -> int:
     try:
         token = load_token(args.auth_token_file)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"specdec: cannot read the auth token: {error}")
-    config = server_config(args)
+        raise UsageError(f"cannot read the auth token: {error}") from error
+    with flag_values():
+        config = server_config(args)
+        orchestrator = orchestrator_config(args)
     if token is not None:
         config = dataclasses.replace(config, interceptors=(BearerTokenInterceptor(token),))
     try:
-        asyncio.run(serve(orchestrator_config(args), config))
+        asyncio.run(serve(orchestrator, config))
+    except asyncio.CancelledError:  # SIGTERM or SIGINT before it was up (specdec.rpc.server)
+        print("specdec: orchestrator stopped by a signal before it was ready", flush=True)
+        return 0
     except (IncompatibleModels, Unavailable) as error:
         print(f"specdec: orchestrator cannot start: {error}", flush=True)
         return 2

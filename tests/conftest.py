@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -13,9 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import tiny_models  # noqa: E402
+from tests import tiny_models
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,7 +65,7 @@ def tiny_pair(tmp_path_factory) -> TinyPair:
 @pytest.fixture(scope="session")
 def stack(loop_thread, tiny_pair):
     """Target + perturbed draft + orchestrator, in-process, float64, K = 4 by default."""
-    import stack as stack_module
+    from tests import stack as stack_module
 
     running = loop_thread.run(stack_module.start_stack(tiny_pair.target_dir, tiny_pair.draft_dir))
     yield running
@@ -78,7 +75,7 @@ def stack(loop_thread, tiny_pair):
 @pytest.fixture(scope="session")
 def stack_same(loop_thread, tiny_pair):
     """The draft is the target itself: every drafted token must be accepted."""
-    import stack as stack_module
+    from tests import stack as stack_module
 
     running = loop_thread.run(stack_module.start_stack(tiny_pair.target_dir, tiny_pair.target_dir))
     yield running

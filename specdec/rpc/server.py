@@ -5,9 +5,11 @@ graceful stop on SIGTERM: NOT_SERVING, drain, then stop, with health answering t
 from __future__ import annotations
 
 import asyncio
+import errno
 import inspect
 import logging
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from google.protobuf.message import DecodeError
 
+from specdec.errors import Unavailable
 from specdec.rpc.errors import ErrorMappingInterceptor
 from specdec.worker import run_on_model_thread
 
@@ -81,6 +84,41 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """grpcio binds with SO_REUSEPORT by default: a second server on a port in use would start
+    and take half of its connections. Off, so it fails to bind instead."""
+    return [*channel_options(max_message_bytes), ("grpc.so_reuseport", 0)]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises Unavailable ("port N is already in use") if host:port cannot be listened on; port 0
+    (an ephemeral one) always can."""
+    if port == 0:
+        return
+    host = host.strip("[]")
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        socket.create_server(address, family=family).close()
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise Unavailable(f"port {port} is already in use") from error
+        raise Unavailable(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int,
+          credentials: grpc.ServerCredentials | None = None) -> int:
+    """Adds the port to the server; a failure says why (grpc's own error does not)."""
+    address = f"{host}:{port}"
+    try:
+        if credentials is not None:
+            return server.add_secure_port(address, credentials)
+        return server.add_insecure_port(address)
+    except RuntimeError as error:
+        check_port_free(host, port)
+        raise Unavailable(f"cannot listen on {address}") from error
 
 
 @dataclass(frozen=True)
@@ -197,17 +235,22 @@ class RunningServer:
         self.health_port: int | None = None
         self._stop_requested = asyncio.Event()
         self._catching_signals = False
+        self._starting: asyncio.Task | None = None  # cancelled by a signal until the server is up
 
     async def start_health(self) -> None:
-        """Health first, NOT_SERVING, so probes answer while the model loads."""
+        """Health first, NOT_SERVING, so probes answer while the model loads. A port in use fails
+        here, before a model loads or the pools are waited for."""
+        check_port_free(self.config.host, self.config.port)
+        if self.config.health_port is not None:
+            check_port_free(self.config.host, self.config.health_port)
         for name in ("", *self.service_names):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         if self.config.health_port is None:
             return
-        server = grpc.aio.server(options=channel_options(64 * 1024))
+        server = grpc.aio.server(options=server_options(64 * 1024))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        self.health_port = server.add_insecure_port(f"{self.config.host}:{self.config.health_port}")
+        self.health_port = _bind(server, self.config.host, self.config.health_port)
         await server.start()
         self._health_servers.append(server)
 
@@ -215,18 +258,15 @@ class RunningServer:
         """Starts the service port with the servicers register() adds, then reports SERVING."""
         server = grpc.aio.server(
             interceptors=[*self.config.interceptors, MalformedRequestInterceptor(), ErrorMappingInterceptor()],
-            options=channel_options(self.config.max_message_bytes),
+            options=server_options(self.config.max_message_bytes),
         )
         register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        address = f"{self.config.host}:{self.config.port}"
-        if self.config.tls is not None:
-            self.port = server.add_secure_port(address, self.config.tls.server_credentials())
-        else:
-            self.port = server.add_insecure_port(address)
+        credentials = self.config.tls.server_credentials() if self.config.tls is not None else None
+        self.port = _bind(server, self.config.host, self.config.port, credentials)
         await server.start()
         self._servers.append(server)
         await self.set_serving(True)
@@ -248,19 +288,31 @@ class RunningServer:
         await asyncio.gather(*(s.stop(left) for s in self._servers))
         await asyncio.gather(*(s.stop(0) for s in self._health_servers))
 
-    def catch_signals(self) -> None:
+    def catch_signals(self, cancel_start: bool = True) -> None:
         """From now on SIGTERM and SIGINT ask for a graceful stop. Call it first thing in a server
         process: a signal that lands before the handler is installed (say, between the READY line
-        and wait_for_signal) kills the process outright."""
+        and wait_for_signal) kills the process outright. cancel_start: a signal that comes before
+        wait_for_signal cancels the calling task (a start waiting for its pools stops at once:
+        asyncio.run raises CancelledError); else the stop waits until the start is done. The
+        handlers replace SIG_IGN, so a background job (SIGINT ignored) stops on Ctrl-C too."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop_requested.set)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         self._catching_signals = True
+        self._starting = asyncio.current_task() if cancel_start else None
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._stop_requested.set()
+        if self._starting is not None:
+            log.info("%s while starting: stopping", sig.name)
+            self._starting.cancel()
+            self._starting = None
 
     async def wait_for_signal(self, drain: Callable[[float], Awaitable[object]] | None = None) -> None:
         """Blocks until SIGTERM or SIGINT (at once if one came earlier), then stops gracefully."""
         if not self._catching_signals:
             self.catch_signals()
+        self._starting = None  # started: a signal now drains and stops
         await self._stop_requested.wait()
         log.info("signal received: draining for up to %.0f s", self.config.grace_seconds)
         await self.stop(drain)
@@ -278,7 +330,9 @@ async def serve_model_until_signal(
     READY line is printed, and on SIGTERM / SIGINT the service drains (no new sessions; existing
     ones finish), the server stops, and the service's worker and expiry stop."""
     running = RunningServer(server_config, [service_name])
-    running.catch_signals()  # a SIGTERM while the model loads stops the process cleanly after it
+    # A SIGTERM while the model loads stops the process cleanly after the load (a thread that
+    # cannot be interrupted).
+    running.catch_signals(cancel_start=False)
     await running.start_health()
     loaded = await run_on_model_thread(load)  # the thread that will run its forward passes
     service = await start(loaded, running)

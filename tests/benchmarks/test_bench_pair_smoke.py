@@ -8,13 +8,17 @@ benchmark's output, not a test."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.process_groups import run_in_group
+
 ROOT = Path(__file__).resolve().parents[2]
+
+# A benchmark run of ~15 s on 2 cores: in the full suite (CI), not in `-m "not slow"`.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +27,7 @@ def quick_run(tiny_pair, tmp_path_factory):
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_pair.py"), "--quick", "--threads", "1",
                "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
                "--dtype", "float64", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    result = run_in_group(command, cwd=ROOT, timeout=900)  # its services die with it
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
     return json.loads(out.read_text()), out.with_suffix(".md").read_text()
 

@@ -7,14 +7,18 @@ output, not a test."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.process_groups import run_in_group
+
 ROOT = Path(__file__).resolve().parents[2]
+
+# A benchmark run of ~20 s on 2 cores: in the full suite (CI), not in `-m "not slow"`.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +27,7 @@ def quick_run(tiny_pair, tmp_path_factory):
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_rtt.py"), "--quick",
                "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
                "--dtype", "float64", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = run_in_group(command, cwd=ROOT, timeout=600)  # its services die with it
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
     (json_path,) = out.glob("rtt_*.json")
     (markdown_path,) = out.glob("rtt_*.md")

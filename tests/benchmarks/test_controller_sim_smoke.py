@@ -17,5 +17,5 @@ def test_the_simulation_prints_every_schedule() -> None:
     rows = dict(line.rsplit(None, 1) for line in result.stdout.splitlines()[2:])
     names = {name.strip() for name in rows}
     assert names == {"K=1", "K=2", "K=3", "adaptive (defaults)", "adaptive, no optimism",
-                     "adaptive as in session 7"}
+                     "adaptive, line-only fit"}
     assert all(float(ratio) > 0 for ratio in rows.values())

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~8 s on 2 cores: two processes time many model steps
 def test_prints_every_case(tiny_pair):
     command = [sys.executable, str(ROOT / "benchmarks" / "draft_cold_cost.py"), "--target",
                str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir), "--threads", "1",

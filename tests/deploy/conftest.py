@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helm_support import HELM, INSTALL_HINT, REPO_ROOT, VALUE_SETS, Rendered, render
+from tests.deploy.helm_support import HELM, INSTALL_HINT, REPO_ROOT, VALUE_SETS, Rendered, render
 
 
 def _missing_tool(message: str) -> None:

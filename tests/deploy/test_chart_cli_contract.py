@@ -1,31 +1,24 @@
 """The chart's container args must be accepted by the real `specdec` command line: every rendered
-Deployment's args go through specdec_cli's own argparse parser. Skipped, with the reason, until
-`specdec serve` exists; from then on a renamed or missing flag fails here, not in a cluster."""
+Deployment's args, and the generate command the chart's NOTES print, go through specdec_cli's own
+argparse parser, so a renamed or missing flag fails here, not in a cluster."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import shlex
 
 import pytest
 
-from helm_support import CHART, NAMESPACE, RELEASE, VALUE_SETS, render, run_helm
+from specdec_cli.main import build_parser
+
+from tests.deploy.helm_support import CHART, NAMESPACE, RELEASE, VALUE_SETS, render, run_helm
 
 COMPONENTS = ("draft", "target", "orchestrator")
 
 
 @pytest.fixture(scope="module")
 def cli_parser():
-    try:
-        importlib.import_module("specdec_cli.serve_cmd")
-    except ModuleNotFoundError as exc:
-        if exc.name == "specdec_cli.serve_cmd":
-            pytest.skip("specdec_cli.serve_cmd (`specdec serve`) is not implemented yet")
-        raise
-    from specdec_cli.main import build_parser
-
     return build_parser()
 
 

@@ -9,7 +9,7 @@ import re
 
 import yaml
 
-from helm_support import CHART, REPO_ROOT
+from tests.deploy.helm_support import CHART, REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "deploy" / "Dockerfile"
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from helm_support import CHART, NAMESPACE, VALUE_SETS, chart_values, run_helm
+from tests.deploy.helm_support import CHART, NAMESPACE, VALUE_SETS, chart_values, run_helm
 
 # The newest Kubernetes whose schemas kubernetes-validate 1.37.0 ships offline.
 KUBERNETES_VERSION = "1.37.0"

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from helm_support import CHART, NAMESPACE, RELEASE, render, run_helm, template
+from tests.deploy.helm_support import CHART, NAMESPACE, RELEASE, render, run_helm, template
 
 # Maps whose entries are data (Kubernetes quantities, labels), documented by their parent's comment.
 DATA_MAPS = {"resources", "requests", "limits"}

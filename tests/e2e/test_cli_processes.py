@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -11,9 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from specdec_cli.client import chat_request
 from specdec_cli.processes import specdec_command, start_service
-from stack import generate
+from specdec_cli.stack import stop_services
 from specdec.v1 import orchestrator_pb2 as pb
+
+from tests.process_groups import run_specdec
+from tests.stack import generate
 
 MAX_NEW_TOKENS = 20
 
@@ -24,14 +27,15 @@ def services(tiny_pair):
     try:
         for role, model in (("target", tiny_pair.target_dir), ("draft", tiny_pair.draft_dir)):
             started.append(start_service(role, ["--model", str(model), "--dtype", "float64", "--port", "0",
-                                                "--health-port", "0"], timeout=300))
+                                                "--health-port", "0", "--threads", "1"], timeout=300))
         target, draft = started
         started.append(start_service("orchestrator", ["--target", target.address, "--draft", draft.address,
                                                       "--port", "0", "--num-speculative-tokens", "3"], timeout=300))
         yield {s.role: s for s in started}
     finally:
-        for service in reversed(started):
-            assert service.stop() == 0, service.output()
+        stop_services(started)  # every one, before any assertion
+    for service in started:
+        assert service.process.returncode == 0, service.output()
 
 
 def _reference(model, prompt: list[int]) -> list[int]:
@@ -77,34 +81,29 @@ def test_text_prompt_and_chat_stream_text(services):
     tokens, text, last = generate(services["orchestrator"].address,
                                   pb.GenerateRequest(prompt="hello world", max_new_tokens=MAX_NEW_TOKENS))
     assert tokens and last.stats.generated_tokens == len(tokens)
-    chat = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="hi there")], max_new_tokens=5)
+    chat = chat_request([{"role": "user", "content": "hi there"}], max_new_tokens=5)
     tokens, _, last = generate(services["orchestrator"].address, chat)
     assert last.stats.prompt_tokens == len("u:hi there\na:")
 
 
+@pytest.mark.slow  # ~15 s: a second set of three processes, started and stopped
 def test_up_starts_three_processes_and_stops_them_on_ctrl_c(tiny_pair):
-    process = subprocess.Popen(
-        specdec_command("up", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
-                        "--dtype", "float64", "--port", "0"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines = []
-    address = None
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            match = re.search(r"orchestrator at (\S+)", line)
-            if match:
-                address = match.group(1)
-                break
-        assert address, "".join(lines)
+    with run_specdec("up", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+                     "--dtype", "float64", "--port", "0", "--threads", "1") as up:
+        address = up.wait_for_line(r"orchestrator at (\S+)", timeout=300).group(1)
         tokens, _, _ = generate(address, pb.GenerateRequest(prompt_token_ids=[4, 5, 6], max_new_tokens=8))
         assert len(tokens) >= 1
-    finally:
-        process.send_signal(signal.SIGINT)
-        remaining, _ = process.communicate(timeout=120)
-    output = "".join(lines) + remaining
-    assert process.returncode == 0, output
-    assert "stopping" in output
-    children = subprocess.run(["pgrep", "-f", f"--model {tiny_pair.target_dir}"], capture_output=True, text=True)
-    assert children.stdout.strip() == "", "a service outlived `specdec up`"
+        up.process.send_signal(signal.SIGINT)
+        assert up.wait(120) == 0, up.output()
+        assert "stopping" in up.output()
+        assert not up.group_alive(), "a service outlived `specdec up`"
+
+
+def test_generate_streams_text_that_ends_its_line(services):
+    result = subprocess.run(
+        specdec_command("generate", "--orchestrator", services["orchestrator"].address,
+                        "--prompt", "hello", "--max-new-tokens", "6"),
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert result.stdout.endswith("\n") and result.stdout.strip()
+    assert result.stderr.splitlines()[-1].startswith("[")  # the statistics, on a line of their own

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from fake_kube_api import FakeKubeApi, endpoint, endpoint_slice, kubeconfig
 from orchestrator.discovery import Endpoint, make_source, parse_kubernetes
 from orchestrator.k8s_discovery import KubernetesSource, kube_configuration
-from waiting import eventually_async
+
+from tests.pools.fake_kube_api import FakeKubeApi, endpoint, endpoint_slice, kubeconfig
+from tests.waiting import eventually_async
 
 NAMESPACE = "llm"
 PORT = 50051

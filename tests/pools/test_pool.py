@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-import stack
 from orchestrator.clients import TargetClient
 from orchestrator.discovery import Endpoint
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.service import OrchestratorConfig, OrchestratorService
-from waiting import eventually_async
 from specdec.errors import ReplicaLost, Unavailable
 from specdec.protocol import PROTOCOL_VERSION, Proposal, ReplicaInfo, SamplingParams
+
+from tests import stack
+from tests.waiting import eventually_async
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Pools of replicas as separate processes started through the CLI (DESIGN.md section 5).
+"""Pools of replicas as separate processes started through the CLI (docs/architecture.md, "Pools
+and discovery").
 
 Three target and two draft replicas (tiny float64 models). Replicas of one pool listen on the same
 port at different loopback addresses (127.0.0.11, .12, ...), as pods of a Service do, so the same
@@ -27,16 +28,17 @@ from dataclasses import dataclass
 
 import pytest
 
-import tiny_models
-from fake_kube_api import FakeKubeApi, endpoint, endpoint_slice, kubeconfig
 from orchestrator.pool import PoolConfig
 from orchestrator.server import start as start_orchestrator
 from orchestrator.service import OrchestratorConfig
-from pool_support import References, info, pools, start_streams, usable
-from waiting import eventually
 from specdec.rpc.server import ServerConfig
 from specdec_cli.main import main as specdec_main
 from specdec_cli.processes import ServiceProcess, start_service
+
+from tests import tiny_models
+from tests.pools.fake_kube_api import FakeKubeApi, endpoint, endpoint_slice, kubeconfig
+from tests.pools.pool_support import References, info, pools, start_streams, usable
+from tests.waiting import eventually
 
 NAMESPACE = "specdec"
 TARGET_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reliability_support import (
+from tests.reliability.reliability_support import (
     A_MAX_CACHED_TOKENS, A_MAX_SESSIONS, MAX_MESSAGE_BYTES, PLAIN_TTL_SECONDS, two_target_cluster,
 )
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.v1 import common_pb2, draft_pb2_grpc, orchestrator_pb2_grpc, target_pb2_grpc
 from specdec_cli.processes import ServiceProcess, start_service
+from specdec_cli.stack import run_concurrently
 
 START_SECONDS = 300  # a process's start (torch import, model load) on a loaded 2-core machine
 WAIT_SECONDS = 120  # any "eventually" in these tests; only a bug comes near it
@@ -118,21 +119,7 @@ class Service:
 
 def start_all(services: Iterable[Service]) -> None:
     """Starts services concurrently (model loads overlap); raises if any failed."""
-    errors: list[BaseException] = []
-
-    def run(service: Service) -> None:
-        try:
-            service.start()
-        except BaseException as error:  # reported below, with the others
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(s,)) for s in services]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_concurrently([service.start for service in services])
 
 
 def stop_all(services: Iterable[Service]) -> dict[str, int | None]:
@@ -143,11 +130,7 @@ def stop_all(services: Iterable[Service]) -> dict[str, int | None]:
     def stop(service: Service) -> None:
         codes[f"{service.role}:{service.port}"] = service.stop()
 
-    threads = [threading.Thread(target=stop, args=(s,)) for s in services]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_concurrently([partial(stop, service) for service in services])
     return codes
 
 

@@ -1,5 +1,6 @@
-"""Faults, injected into real processes started through the CLI (issue 6): kill -9, SIGSTOP (a
-stall), SIGTERM (a drain) on each kind of service, and idle sessions reclaimed by TTL.
+"""Faults, injected into real processes started through the CLI: kill -9, SIGSTOP (a stall),
+SIGTERM (a drain) on each kind of service, and idle sessions reclaimed by TTL. What the
+orchestrator must do about each is in docs/architecture.md, "Recovery".
 
 Cluster: target replicas A and B, one draft, one orchestrator, float64 (so that a re-prefill in one
 pass and incremental decoding agree to the last bit and greedy output can be compared exactly).
@@ -15,13 +16,14 @@ import grpc
 import pytest
 import torch
 
-from reliability_support import (
+from specdec.v1 import common_pb2, draft_pb2, target_pb2
+from specdec.v1 import orchestrator_pb2 as pb
+
+from tests.reliability.reliability_support import (
     CALL_SECONDS, Service, health_status, info, model_stub, orchestrator_stub,
     sessions_and_tokens, two_target_cluster,
 )
-from waiting import eventually
-from specdec.v1 import common_pb2, draft_pb2, target_pb2
-from specdec.v1 import orchestrator_pb2 as pb
+from tests.waiting import eventually
 
 TTL_SECONDS = 8
 STEP_TIMEOUT_SECONDS = 3  # a Verify or Propose stalled this long is a failed replica
@@ -119,6 +121,7 @@ def holder(cluster) -> tuple[Service, Service]:
 # -- TTL ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # waits out the session TTL
 def test_idle_sessions_expire_after_the_ttl(cluster):
     settled(cluster)
     target, draft = cluster["target_a"], cluster["draft"]
@@ -144,7 +147,8 @@ def test_idle_sessions_expire_after_the_ttl(cluster):
 # -- a stalled target, a killed target ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["stall", "kill"])
+# A killed replica is restarted before the next test (4-6 s), so only the stall is in the quick set.
+@pytest.mark.parametrize("fault", ["stall", pytest.param("kill", marks=pytest.mark.slow)])
 def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster, reference_target, fault):
     settled(cluster)
     max_new_tokens = 120
@@ -173,6 +177,7 @@ def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster
 # -- a killed draft -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~10 s: kills and restarts the draft
 def test_draft_killed_mid_stream_goes_on_at_k0_and_speculation_resumes_when_it_is_back(cluster):
     settled(cluster)
     draft, orchestrator = cluster["draft"], cluster["orchestrator"]
@@ -202,6 +207,7 @@ def test_draft_killed_mid_stream_goes_on_at_k0_and_speculation_resumes_when_it_i
 # -- a killed orchestrator ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~12 s: restarts the orchestrator and waits out the session TTL
 def test_killed_orchestrator_gives_clients_unavailable_and_ttl_reclaims_its_sessions(cluster):
     settled(cluster)
     orchestrator = cluster["orchestrator"]

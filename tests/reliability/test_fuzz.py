@@ -1,4 +1,4 @@
-"""Bad input at scale (issue 6): hypothesis sends every RPC of the three services random and
+"""Bad input at scale: hypothesis sends every RPC of the three services random and
 malformed messages (random field values, huge repeated fields, negative numbers, NaN and infinite
 floats, out-of-vocabulary ids, unknown and mangled handles, unknown enum values, another method's
 message, raw random bytes). Every call gets a defined status, never INTERNAL or UNKNOWN; the
@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reliability_support import CALL_SECONDS, MAX_MESSAGE_BYTES, info
-from waiting import eventually
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
+
+from tests.reliability.reliability_support import CALL_SECONDS, MAX_MESSAGE_BYTES, info
+from tests.waiting import eventually
 
 ALLOWED = {"OK", "INVALID_ARGUMENT", "OUT_OF_RANGE", "NOT_FOUND", "ABORTED", "FAILED_PRECONDITION",
            "RESOURCE_EXHAUSTED"}

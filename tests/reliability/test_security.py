@@ -1,4 +1,4 @@
-"""Security (issue 6), with real processes started through the CLI: TLS on every channel, mutual
+"""Security, with real processes started through the CLI: TLS on every channel, mutual
 TLS between the orchestrator and the model services, a bearer token on the public API.
 
 Certificates are made here with the openssl command line: a CA; the model services' certificate,
@@ -18,11 +18,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from reliability_support import CALL_SECONDS, Service, start_all, stop_all
 from specdec.rpc.auth import TOKEN_ENV, bearer_metadata, load_token
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+from tests.reliability.reliability_support import CALL_SECONDS, Service, start_all, stop_all
 
 REPLICA_NAME = "specdec-replica.test"
 TOKEN = "correct-horse-battery-staple"

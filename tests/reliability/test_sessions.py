@@ -1,4 +1,4 @@
-"""Sessions and memory (issue 6), with real processes started through the CLI: cancelled requests
+"""Sessions and memory, with real processes started through the CLI: cancelled requests
 leave no cache and no memory behind, and admission control refuses new sessions past a budget
 while existing ones go on and the orchestrator tries another replica.
 
@@ -16,13 +16,14 @@ from collections import Counter
 import grpc
 import pytest
 
-from reliability_support import (
+from specdec.v1 import common_pb2, draft_pb2, target_pb2
+from specdec.v1 import orchestrator_pb2 as pb
+
+from tests.reliability.reliability_support import (
     A_MAX_CACHED_TOKENS, A_MAX_SESSIONS, CALL_SECONDS, Service, info, model_stub,
     orchestrator_stub, rss_bytes, sessions_and_tokens,
 )
-from waiting import eventually
-from specdec.v1 import common_pb2, draft_pb2, target_pb2
-from specdec.v1 import orchestrator_pb2 as pb
+from tests.waiting import eventually
 
 PROMPT_TOKENS = 1000  # every cancelled session holds at least this many tokens on both sides
 CANCELLED_REQUESTS = 1000

@@ -14,8 +14,9 @@ from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.delay_proxy import DelayProxyConfig, start_in_thread
 from specdec.rpc.server import ServerConfig
-from stack import generate
 from specdec.v1 import orchestrator_pb2 as pb
+
+from tests.stack import generate
 
 PROMPTS = [[4, 9, 17, 30, 12], [8, 8, 21, 3], [40, 2, 33, 19, 6, 11]]
 MAX_NEW_TOKENS = 60

@@ -1,6 +1,6 @@
 """Bad input gets its own clear status code, never INTERNAL or UNKNOWN, and the service answers the
-next good request (DESIGN.md section 2, STYLE.md 8). Also: a mismatched draft / target pair is
-refused when the orchestrator starts."""
+next good request: a client's mistake must say what was wrong and must not take the service
+down. Also: a mismatched draft / target pair is refused when the orchestrator starts."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import orchestrator.server
-import stack as stack_module
-import tiny_models
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.errors import IncompatibleModels
@@ -27,6 +25,9 @@ from specdec.rpc.server import ServerConfig
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+from tests import stack as stack_module
+from tests import tiny_models
 
 Code = grpc.StatusCode
 TIMEOUT = 60  # seconds per call; only a hung server comes near it
@@ -463,7 +464,7 @@ def test_generate_prompt_longer_than_the_max_context(orchestrator_stub, target_i
 def test_retry_after_a_cancelled_verify_gets_the_stored_response(loop_thread, stack, target_stub):
     """A client whose Verify was cancelled (a deadline, a dropped connection) retries the same
     handle. The round was applied on the worker anyway, so the retry must get the stored
-    response, as DESIGN.md section 2 promises, and the cache must not advance twice.
+    response (docs/architecture.md, "Handles and retries"), and the cache must not advance twice.
 
     Made deterministic by holding the model worker (single thread) with a gate, so the Verify is
     still queued when the server cancels its handler task (seen through grpc.aio's task name)."""

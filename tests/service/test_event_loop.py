@@ -1,4 +1,4 @@
-"""Forward passes run off the asyncio event loop (DESIGN.md section 2, "Serving"): health checks
+"""Forward passes run off the asyncio event loop (docs/architecture.md, "Serving"): health checks
 and Info answer while a long forward pass runs, and concurrent requests on the orchestrator each
 get the output the target alone would give. Ordering is asserted with events, never durations."""
 
@@ -12,11 +12,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import stack as stack_module
-import tiny_models
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+from tests import stack as stack_module
+from tests import tiny_models
 
 # Big enough that one prefill of LONG_PROMPT tokens keeps the worker busy for about a second on
 # one CPU thread, while health and Info need milliseconds.

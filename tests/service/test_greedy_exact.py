@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
-from stack import generate
 from specdec.v1 import orchestrator_pb2 as pb
+
+from tests.stack import generate
 
 NUM_PROMPTS = 20
 MAX_NEW_TOKENS = 24

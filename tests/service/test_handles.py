@@ -1,5 +1,5 @@
-"""Handles and recovery (DESIGN.md section 2): lost sessions are rebuilt from C without changing the
-output, and a round's request bytes do not grow with the context."""
+"""Handles and recovery (docs/architecture.md, "Handles and retries"): lost sessions are rebuilt
+from C without changing the output, and a round's request bytes do not grow with the context."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import grpc
 import pytest
 import torch
 
-import stack as stack_module
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+from tests import stack as stack_module
 
 
 def _reference(model, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -1,6 +1,6 @@
-"""Every server speaks grpc.health.v1 and server reflection (DESIGN.md section 2); health is also
-served on a separate plaintext port for the kubelet's probes (section 5), and a stopping server
-reports NOT_SERVING before it drains."""
+"""Every server speaks grpc.health.v1 and server reflection; health is also served on a separate
+plaintext port for the kubelet's probes (which cannot present the services' TLS certificates or
+token), and a stopping server reports NOT_SERVING before it drains."""
 
 from __future__ import annotations
 

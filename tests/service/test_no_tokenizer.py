@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import stack as stack_module
-import tiny_models
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+from tests import stack as stack_module
+from tests import tiny_models
 
 MAX_NEW_TOKENS = 16
 PROMPTS = [[7], [5, 9, 11], [12, 30, 4, 4, 18, 40, 3], [22, 21, 20, 19, 18, 17, 16, 15, 14, 13]]

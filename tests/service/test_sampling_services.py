@@ -1,5 +1,6 @@
-"""Sampling through the real services, for the wiring (DESIGN.md section 7, the smaller statistical
-test): the joint law of the first three generated tokens must be the target's own law.
+"""Sampling through the real services, for the wiring (the smaller statistical test of
+docs/architecture.md, "The lossless rule"): the joint law of the first three generated tokens
+must be the target's own law.
 
 The pair: a tiny one-layer target with a vocabulary of 8 and no tokenizer (token-id prompts), and a
 far draft (another random seed) that sends only its top-4 q~, so truncation matters. The reference
@@ -20,11 +21,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
-import stack as stack_module
-import tiny_models
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+from tests import stack as stack_module
+from tests import tiny_models
 
 VOCAB_SIZE = 8
 NUM_TOKENS = 3  # the joint law of the first three generated tokens: 8**3 = 512 cells

@@ -1,10 +1,11 @@
 """Deliberately WRONG speculative verifiers, used only to prove the statistical test has power.
 
 Each ``verify_*`` function has the signature and return value of
-:func:`specdec.sampling.verify_sampled` and differs from it in exactly one named way (DESIGN.md
-section 7). ``WRONG_VARIANTS`` lists them with how the draft feeds them: the "untruncated q" bug is
-not in the verifier but in what it is handed (the draft samples from q~ and sends its full q), so
-that variant is the correct verifier fed the wrong vector. Never import this outside tests.
+:func:`specdec.sampling.verify_sampled` and differs from it in exactly one named way, a known way
+to break the rule of docs/architecture.md, "The lossless rule". ``WRONG_VARIANTS`` lists them with
+how the draft feeds them: the "untruncated q" bug is not in the verifier but in what it is handed
+(the draft samples from q~ and sends its full q), so that variant is the correct verifier fed the
+wrong vector. Never import this outside tests.
 """
 
 from __future__ import annotations

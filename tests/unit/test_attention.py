@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tiny_models
 from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.models import ModelConfig, load_model
+
+from tests import tiny_models
 
 
 def _feeds(model, implementation: str, context: list[int], rows: list[int]) -> list[torch.Tensor]:

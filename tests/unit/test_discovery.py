@@ -1,4 +1,5 @@
-"""Replica address forms (DESIGN.md section 5): parsing, errors, and the pure parts of discovery."""
+"""Replica address forms (docs/architecture.md, "Pools and discovery"): parsing, errors, and the
+pure parts of discovery."""
 
 from __future__ import annotations
 

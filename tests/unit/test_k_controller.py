@@ -1,4 +1,4 @@
-"""The K controller (DESIGN.md section 4) on synthetic rounds: no servers, no clocks.
+"""The K controller (docs/architecture.md, "Choosing K") on synthetic rounds: no servers, no clocks.
 
 A seeded simulator plays the two services: geometric acceptance with a true alpha, compute times
 from a true cost model (optionally with multiplicative noise), wall time = compute + the hop's RTT.
@@ -144,8 +144,9 @@ def test_best_k_is_the_argmin_and_zero_when_drafting_cannot_pay() -> None:
     assert best_k(0.0, world.costs(), K_MAX) == 0  # nothing is ever accepted
 
 
-def test_speedup_bound_matches_the_notes_figure() -> None:
-    # NOTES.md: on CPU, alpha 0.7, K = 4, T_verify(5) ~ 1.5 T_step, draft step 0.06 T_step -> ~1.55x
+def test_speedup_bound_matches_a_hand_computed_figure() -> None:
+    # A CPU-like cost model: alpha 0.7, T_verify(5) = 1.5 T_step, a draft step 0.06 T_step; the
+    # bound is E(K) T_step / T_round(K) at the best K, computed here by hand for K = 3 and 4.
     t_step = 0.055
     verify = LinearVerifyTime(0.875 * t_step, 0.125 * t_step)  # T_verify(1) = T_step, (5) = 1.5
     bound = speedup_bound(0.7, t_step, 0.06 * t_step, verify, 0.0, 0.0, max_num_speculative_tokens=8)
@@ -248,8 +249,9 @@ def test_hysteresis_keeps_k_stable_under_noise() -> None:
 
 
 def cpu_steps(alpha: float) -> Conditions:
-    """The default pair on this CPU (bench_pair, session 7): a target pass costs 64, 68, 72 ms for
-    1-3 rows, then steps up to 98 ms at 4 rows (kernel blocking), so no line fits it."""
+    """The default pair on a 2-core CPU, as benchmarks/bench_pair.py measured it (one torch thread
+    per service): a target pass costs 64, 68, 72 ms for 1-3 rows, then steps up to 98 ms at 4 rows
+    (kernel blocking), so no line fits it."""
     steps = (0.0635, 0.0684, 0.0724, 0.0976, 0.1022, 0.1036, 0.1206, 0.1257, 0.1260)
     return Conditions(alpha=alpha, t_draft=0.007, rtt_draft=0.0023, rtt_target=0.0023,
                       t_feed=0.004, noise=0.1, verify_by_rows=steps)

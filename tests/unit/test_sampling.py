@@ -1,4 +1,6 @@
-"""Exact cases for specdec.sampling on hand-built tensors (STYLE.md 11, first two tiers).
+"""Exact cases for specdec.sampling on hand-built tensors: cases whose outcome is known exactly
+need no statistics, so they come first; the laws are tested statistically in
+test_sampling_statistical.py.
 
 Modelled on vLLM's tests/v1/sample/test_rejection_sampler.py: small hand-made distributions whose
 outcome is known exactly, plus seeded determinism. Where a law is checked without a statistical

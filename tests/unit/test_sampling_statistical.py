@@ -1,4 +1,5 @@
-"""Statistical exactness of speculative sampling (DESIGN.md section 7, third tier of STYLE.md 11).
+"""Statistical exactness of speculative sampling (the rule: docs/architecture.md, "The lossless
+rule"; the exact hand-built cases are in test_sampling.py).
 
 The speculative loop is simulated in-process, batched over NUM_SEQUENCES sequences: each round the
 draft samples K tokens d_i from q~ = sparse_to_dense(truncate_top_m(process_logits(draft), M)),
@@ -36,10 +37,7 @@ from specdec.sampling import (
     verify_sampled,
 )
 
-try:  # tests/unit may or may not be a package, depending on who else adds __init__.py files
-    from . import sampling_variants
-except ImportError:
-    import sampling_variants
+from tests.unit import sampling_variants
 
 VOCAB_SIZE = 7
 NUM_TOKENS = 3  # the joint law of the first NUM_TOKENS committed tokens is tested: 7**3 = 343 cells
@@ -330,6 +328,7 @@ def _sample_target_row_0(
     return torch.zeros_like(next_token_ids), next_token_ids, torch.empty(len(next_token_ids), 0)
 
 
+@pytest.mark.slow  # NUM_SEQUENCES sequences: a large run
 @pytest.mark.parametrize("config", SAMPLING_CONFIGS)
 def test_harness_without_speculation_matches_the_target(config):
     """Checks the loop, the tables and the enumeration themselves, independently of the verifier."""
@@ -339,6 +338,7 @@ def test_harness_without_speculation_matches_the_target(config):
     assert fit.p_value >= ALPHA, fit
 
 
+@pytest.mark.slow  # NUM_SEQUENCES sequences: a large run
 @pytest.mark.parametrize("num_draft", [2, 3])
 @pytest.mark.parametrize("config", SAMPLING_CONFIGS)
 def test_far_draft_output_follows_the_target(config, num_draft):
@@ -348,6 +348,7 @@ def test_far_draft_output_follows_the_target(config, num_draft):
     assert 0.05 < accepted / proposed < 0.95  # both branches (accept and correct) are exercised
 
 
+@pytest.mark.slow  # NUM_SEQUENCES sequences: a large run
 @pytest.mark.parametrize("num_draft", [2, 3])
 @pytest.mark.parametrize("config", SAMPLING_CONFIGS)
 def test_draft_equal_to_target_accepts_everything(config, num_draft):
@@ -355,7 +356,8 @@ def test_draft_equal_to_target_accepts_everything(config, num_draft):
 
     Every token is then accepted: a rejection needs u >= p(d) / q~(d) >= 1 - 2**-22, which over
     this run's ~600,000 draft tokens is expected fewer than 0.2 times, so any rejection here is a
-    wiring error (wrong row, misaligned prefix), the sampled analogue of DESIGN.md's greedy check.
+    wiring error (wrong row, misaligned prefix): the sampled analogue of the greedy check that a
+    draft equal to the target has every token accepted.
     """
     truncated, _ = draft_tables("equal", config, VOCAB_SIZE)
     target = process_logits(target_logits(), SAMPLING_CONFIGS[config])
@@ -377,6 +379,7 @@ _VARIANT_CASES = [
 ]
 
 
+@pytest.mark.slow  # NUM_SEQUENCES sequences: a large run
 @pytest.mark.parametrize("name, config, num_draft", _VARIANT_CASES)
 def test_wrong_variant_is_rejected(name, config, num_draft):
     fit, _, _ = run_config(config, "far", num_draft, sampling_variants.WRONG_VARIANTS[name])
