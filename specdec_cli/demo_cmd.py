@@ -15,8 +15,8 @@ from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from specdec_cli.client import chat_request, format_table
 from specdec_cli.flags import UsageError
-from specdec_cli.stack import prepare_default_models, stop_on_signals
-from specdec_cli.up_cmd import add_stack_flags, local_stack, stack_config
+from specdec_cli.stack import local_stack, prepare_default_models, stop_on_signals
+from specdec_cli.up_cmd import add_stack_flags, stack_config
 
 # Target-only speed of the fastest prompt over the slowest above this: other load on the machine
 # swung the measurement (from one prompt to the next the target's own speed varies far less).

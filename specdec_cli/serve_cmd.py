@@ -13,6 +13,7 @@ from pathlib import Path
 
 from draft_service.service import DraftConfig
 from orchestrator.clients import RpcTimeouts
+from orchestrator.k_policy import SPECULATION_MODES
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.models import ModelConfig
@@ -128,7 +129,7 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculation", default=default_of(OrchestratorConfig, "speculation"),
-                        choices=["off", "fixed", "adaptive", "heuristic"],
+                        choices=SPECULATION_MODES,
                         help="speculation mode of requests that do not set one")
     parser.add_argument("--num-speculative-tokens", type=int,
                         default=default_of(OrchestratorConfig, "num_speculative_tokens"),

@@ -7,7 +7,7 @@ import time
 
 from specdec_cli.flags import default_of
 from specdec_cli.serve_cmd import add_speculation_flags
-from specdec_cli.stack import StackConfig, local_stack, stop_on_signals  # local_stack: also for benchmarks
+from specdec_cli.stack import StackConfig, local_stack, stop_on_signals
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
