@@ -1,7 +1,7 @@
 """What a target pass over n tokens costs relative to one (T_verify(n) / T_verify(1), the verify
-cost in docs/architecture.md, "Choosing K"), with Hugging Face's sdpa attention and with
-specdec's (specdec/attention.py, which keeps grouped-query key/value heads unrepeated under a
-mask), alternating in one process.
+cost in docs/architecture.md, "Choosing K"), through Hugging Face's own cache and sdpa attention and
+through specdec's (specdec/kv_cache.py and the ragged attention of specdec/attention.py, which
+keeps grouped-query key/value heads unrepeated under a mask), alternating in one process.
 
 Each measurement feeds n tokens after a cache of --context tokens and crops them off again; the
 two attention implementations take turns repetition by repetition, so a machine that speeds up or
@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.models import ModelConfig, load_model
 
-IMPLEMENTATIONS = {"hf sdpa": "sdpa", "specdec": attention.NAME}
+IMPLEMENTATIONS = ("hf sdpa", "specdec")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,7 +40,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def pass_seconds(cache: SequenceCache, tokens: list[int]) -> tuple[float, torch.Tensor]:
+class HfCache:
+    """Hugging Face's own cache and forward with its sdpa attention: the reference."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    @torch.inference_mode()
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        self.model.set_attn_implementation("sdpa")
+        try:
+            output = self.model(input_ids=torch.tensor([tokens]), cache=self.cache, use_cache=True)
+        finally:
+            attention.use_ragged(self.model)
+        return output.logits[0]
+
+    def truncate(self, length: int) -> None:
+        if length < len(self):
+            self.cache.crop(length - len(self))  # transformers 5: a negative count to drop
+
+    def __len__(self) -> int:
+        return self.cache.get_seq_length()
+
+
+def pass_seconds(cache: SequenceCache | HfCache, tokens: list[int]) -> tuple[float, torch.Tensor]:
     started = time.perf_counter()
     logits = cache.feed(tokens)
     elapsed = time.perf_counter() - started
@@ -58,16 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     low, high = min(100, vocab // 2), min(20000, vocab)  # ordinary tokens, no special ones
     context = torch.randint(low, high, (args.context,), generator=generator).tolist()
     fed = torch.randint(low, high, (max(rows),), generator=generator).tolist()
-    cache = SequenceCache(model)
-    cache.feed(context)
+    caches = {"hf sdpa": HfCache(model), "specdec": SequenceCache(model)}
+    for cache in caches.values():
+        cache.feed(context)
     times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in rows} for name in IMPLEMENTATIONS}
     largest_difference = 0.0
     for repeat in range(args.repeats + 1):  # the first round warms up and is not kept
         for n in rows:
             logits = {}
-            for name, implementation in IMPLEMENTATIONS.items():
-                model.set_attn_implementation(implementation)
-                seconds, logits[name] = pass_seconds(cache, fed[:n])
+            for name in IMPLEMENTATIONS:
+                seconds, logits[name] = pass_seconds(caches[name], fed[:n])
                 if repeat:
                     times[name][n].append(seconds)
             first, second = logits.values()

@@ -15,6 +15,7 @@ import torch
 from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
 from specdec.protocol import Proposal, SparseDistribution
+from specdec.ragged import Feed, Job
 from specdec.sampling import (
     SamplingParams,
     keyed_uniform,
@@ -37,21 +38,21 @@ class DraftEngine:
         self.loaded = loaded
         self.top_m = top_m
 
-    def prefill(self, token_ids: list[int], sampling: SamplingParams) -> DraftSessionState:
+    def prefill(self, token_ids: list[int], sampling: SamplingParams) -> Job[DraftSessionState]:
         cache = SequenceCache(self.loaded.model)
-        cache.feed(token_ids)
+        yield Feed(cache, token_ids)
         return DraftSessionState(cache=cache, committed=list(token_ids), sampling=sampling)
 
     def propose(
         self, state: DraftSessionState, new_committed: list[int], num_speculative_tokens: int
-    ) -> Proposal:
+    ) -> Job[Proposal]:
         state.committed.extend(new_committed)
         committed = state.committed
         cache = state.cache
         keep = min(_common_prefix(cache.token_ids, committed), len(committed) - 1)
         cache.truncate(keep)  # at least C[-1] is fed, so its logits score d1
         to_feed = committed[keep:]
-        logits = cache.feed(to_feed)[-1]  # (V,)
+        logits = (yield Feed(cache, to_feed))[-1]  # (V,)
         fed = len(to_feed)
         token_ids: list[int] = []
         distributions: list[SparseDistribution] = []
@@ -62,7 +63,7 @@ class DraftEngine:
             if distribution is not None:
                 distributions.append(distribution)
             if i < num_speculative_tokens - 1:
-                logits = cache.feed([token])[-1]
+                logits = (yield Feed(cache, [token]))[-1]
                 fed += 1
         return Proposal(tuple(token_ids), tuple(distributions), fed)
 

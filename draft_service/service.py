@@ -8,6 +8,7 @@ from draft_service.engine import DraftEngine, DraftSessionState
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.models import LoadedModel
 from specdec.protocol import MAX_DRAFT_TOP_M, Handle, Proposal, SamplingParams, Timing, check_token_ids
+from specdec.ragged import Job
 from specdec.serving import ServiceConfig, SessionService
 
 
@@ -32,8 +33,9 @@ class DraftService(SessionService[DraftSessionState]):
     ) -> tuple[Handle, None, Timing]:
         self.check_prompt(token_ids)
 
-        def build() -> tuple[DraftSessionState, int, None]:
-            return self.engine.prefill(token_ids, sampling), len(token_ids), None
+        def build() -> Job[tuple[DraftSessionState, int, None]]:
+            state = yield from self.engine.prefill(token_ids, sampling)
+            return state, len(token_ids), None
 
         return await self.new_session(session_id, token_ids, build)
 
@@ -51,7 +53,8 @@ class DraftService(SessionService[DraftSessionState]):
         if new_length < 1:
             raise InvalidInput("the committed sequence is empty")
 
-        def apply(state: DraftSessionState) -> tuple[int, Proposal]:
-            return new_length, self.engine.propose(state, new_committed, num_speculative_tokens)
+        def apply(state: DraftSessionState) -> Job[tuple[int, Proposal]]:
+            proposal = yield from self.engine.propose(state, new_committed, num_speculative_tokens)
+            return new_length, proposal
 
         return await self.call(handle, apply)

@@ -19,8 +19,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         )
         return draft_pb2.DraftPrefillResponse(
             handle=convert.handle_to_proto(handle),
-            compute_seconds=timing.compute_seconds,
-            queue_seconds=timing.queue_seconds,
+            **convert.timing_fields(timing),
         )
 
     async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
@@ -33,8 +32,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             handle=convert.handle_to_proto(handle),
             draft_token_ids=list(proposal.token_ids),
             draft_distributions=[convert.distribution_to_proto(d) for d in proposal.distributions],
-            compute_seconds=timing.compute_seconds,
-            queue_seconds=timing.queue_seconds,
+            **convert.timing_fields(timing),
             fed_tokens=proposal.fed_tokens,
         )
 

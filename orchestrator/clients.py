@@ -126,7 +126,8 @@ class ReplicaClient:
 
 
 def _timing(wall_seconds: float, response: Any) -> CallTiming:
-    return CallTiming(wall_seconds, response.compute_seconds, response.queue_seconds)
+    return CallTiming(wall_seconds, response.compute_seconds, response.queue_seconds,
+                      response.pass_rows, response.pass_sessions)
 
 
 class TargetClient(ReplicaClient):

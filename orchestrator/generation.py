@@ -146,6 +146,10 @@ class Generation:
 def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome]) -> RoundObservation:
     proposal = proposed.value if proposed else NO_PROPOSAL
     draft_timing = proposed.timing if proposed else CallTiming(0.0)
+    own_rows = proposal.num_speculative_tokens + 1
+    # A server that predates batching reports 0 for both: this round's pass was its own.
+    pass_rows = verified.timing.pass_rows if verified.timing.pass_rows > 0 else own_rows
+    pass_sessions = verified.timing.pass_sessions if verified.timing.pass_sessions > 0 else 1.0
     return RoundObservation(
         num_speculative_tokens=proposal.num_speculative_tokens,
         num_accepted=verified.value.num_accepted,
@@ -155,4 +159,6 @@ def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome
         draft_fed_tokens=proposal.fed_tokens,
         verify_compute_seconds=verified.timing.compute_seconds,
         verify_wall_seconds=verified.timing.wall_seconds,
+        verify_pass_rows=float(max(pass_rows, own_rows)),
+        verify_pass_sessions=float(max(pass_sessions, 1.0)),
     )

@@ -13,21 +13,58 @@ arXiv 2211.17192, section 3; their gamma is our K):
 - t_draft: seconds per drafted token, i.e. per draft forward pass (a Propose of K makes K passes).
 - t_feed: seconds per extra committed token the draft must feed in one pass to catch up after
   K = 0 rounds, during which it was not called.
-- T_verify(n): seconds of one target forward pass over n = K + 1 rows, fitted as a + b * n plus
-  each row count's measured residual from that line (CPU costs step at kernel block sizes).
+- T_pass(R): seconds of one target forward pass over R rows, all sessions batched into it
+  together (this session's K + 1 and R_others of the others), fitted as a + b * R plus, while
+  the session runs alone, each row count's measured residual from that line (CPU costs step at
+  kernel block sizes).
+- n: sessions in the verify pass, this one included; R_others: the rows the other n - 1 put in it.
+  Both are running means of what the target reports (0 reported: alone, n = 1, R_others = 0).
 - RTT_draft, RTT_target: per-hop network and RPC overhead, client wall time minus server time.
-- T_round(K) = K t_draft + T_verify(K + 1) + RTT_draft [K > 0] + RTT_target (+ catch-up).
+- T_round(K) = K t_draft + RTT_draft [K > 0] + T_pass(R_others + K + 1) + RTT_target
+  (+ catch-up).
 
-The controller picks K* = argmin over 0..K_max of T_round(K) / E(K), the expected seconds per
-committed token, and switches only when that beats the current K by a margin (hysteresis). While
+The marginal cost of rows. When the target batches the Verify calls of n sessions into one pass,
+this session's K + 1 rows lengthen the pass every other session waits for. Relative to K = 0 the
+extra rows cost each of the other n - 1 sessions
+
+    dT(K) = T_pass(R_others + K + 1) - T_pass(R_others + 1)
+
+per pass, and a session committing r tokens per second loses r dT(K) tokens to it. This session
+joins one pass per round, so per second of its time it commits E(K) / T_round(K) and costs the
+others (n - 1) r dT(K) / T_round(K). The system's goodput from choosing K is
+
+    G(K) = (E(K) - (n - 1) r dT(K)) / T_round(K)
+
+and the controller picks K* = argmax G(K), i.e. argmin of T_round(K) / (E(K) - (n - 1) r dT(K)),
+the seconds of its round per token the system gains (infinite when the round loses more than it
+commits). The others are taken as like this session (its alpha, draft and hop times) at the mean
+K their rows show, K_o = R_others / (n - 1) - 1, waiting for the same pass:
+r = E(K_o) / (K_o t_draft + RTT_draft min(1, K_o) + T_pass(R_others + K_current + 1) + RTT_target),
+which is E(K_current) / T_round(K_current) when they run this session's K. (Taking their K to be
+this session's own would make r, and so the choice, depend on the K being left: near the break
+even point a session at K = 1 charged itself less than one at K = 0 and stayed there.)
+
+With n = 1 the penalty is zero and this is exactly argmin T_round(K) / E(K), expected seconds per
+committed token. As n grows the penalty grows; when every row is paid for in full (T_pass ~ b R,
+so with the others at this session's K, (n - 1) r dT(K) ~ K E(K_current) / (K_current + 1)), each
+draft token costs the others about E(K_current) / (K_current + 1), the mean tokens per row, while
+the K-th one wins alpha^K, less than that mean at K = K_current; so under saturation K steps down
+to 0. There is nothing to tune: n, R_others and the slope b are measured.
+
+The controller switches only when the new K beats the current one by a margin (hysteresis). While
 K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
-keep losing. Two kinds of optimism keep it measuring what it cannot see: K = 0 is chosen only if
-it also wins at an alpha one posterior sd higher (at K = 0 alpha is no longer observed), and row
-counts little measured are taken as a little cheaper than predicted, so that a K whose cost the
-line misjudges gets tried once. A session that starts from pool-wide priors (ControllerPriors)
-takes their timings and verify shape firmly but their alpha as 4 pseudo-trials (acceptance is a
-property of the prompt), and when the pool's alpha alone puts it at K = 0 it opens with a probe.
-The cost model is pure functions; the estimators live in orchestrator/k_estimates.py.
+keep losing (the probes are also how K comes back when the load drops and alpha is stale). Two
+kinds of optimism keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an
+alpha one posterior sd higher (at K = 0 alpha is no longer observed), and row counts little
+measured are taken as a little cheaper than predicted, so that a K whose cost the line misjudges
+gets tried once. Once others share the pass (R_others rounds to 1 or more) the prediction is the line
+alone, without per-row residuals or that optimism: the others' rows move the pass across the
+kernel steps from round to round, so a row count's residual there is mostly noise, and a
+discount of a whole shared pass would dwarf the few milliseconds the session's own rows add. A
+session that starts from pool-wide priors (ControllerPriors) takes their timings and verify shape
+firmly but their alpha as 4 pseudo-trials (acceptance is a property of the prompt), and when the
+pool's alpha alone puts it at K = 0 it opens with a probe. The cost model is pure functions; the
+estimators live in orchestrator/k_estimates.py.
 """
 
 from __future__ import annotations
@@ -72,9 +109,20 @@ def expected_committed_tokens(alpha: float | Sequence[float], num_speculative_to
     return total
 
 
+def mean_committed_tokens(alpha: float | Sequence[float], num_speculative_tokens: float) -> float:
+    """E at a K that need not be whole (a mean over sessions): linear between the whole K either
+    side of it."""
+    whole = math.floor(num_speculative_tokens)
+    below = expected_committed_tokens(alpha, whole)
+    if num_speculative_tokens == whole:
+        return below
+    above = expected_committed_tokens(alpha, whole + 1)
+    return below + (num_speculative_tokens - whole) * (above - below)
+
+
 @dataclass(frozen=True)
 class LinearVerifyTime:
-    """T_verify(rows) = verify_a + verify_b * rows, seconds."""
+    """T_pass(rows) = verify_a + verify_b * rows, seconds."""
 
     verify_a: float
     verify_b: float
@@ -85,33 +133,94 @@ class LinearVerifyTime:
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """Per-round cost figures in seconds; `verify_fn(rows)` gives T_verify."""
+    """Per-round cost figures in seconds; `verify_fn(rows)` gives T_pass, the target pass's time.
+
+    The last three describe the other sessions batched into the same verify pass; all zero (the
+    default) is a session alone.
+    """
 
     t_draft: float
     verify_fn: Callable[[int], float]
     rtt_draft: float
     rtt_target: float
     catchup_seconds: float = 0.0  # draft catch-up owed from K = 0 rounds, paid by the next K > 0
+    others_rows: int = 0  # R_others: rows the other sessions put in the verify pass
+    others_sessions: float = 0.0  # n - 1: the other sessions in the verify pass
+    others_tokens_per_second: float = 0.0  # r: what each of them commits per second
 
 
 def round_time(num_speculative_tokens: int, costs: RoundCosts) -> float:
-    """T_round(K), seconds."""
+    """T_round(K), seconds: the draft side and a verify pass of R_others + K + 1 rows."""
+    verify = costs.verify_fn(costs.others_rows + num_speculative_tokens + 1)
     if num_speculative_tokens == 0:
-        return costs.verify_fn(1) + costs.rtt_target
+        return verify + costs.rtt_target
     draft_side = num_speculative_tokens * costs.t_draft + costs.rtt_draft + costs.catchup_seconds
-    return draft_side + costs.verify_fn(num_speculative_tokens + 1) + costs.rtt_target
+    return draft_side + verify + costs.rtt_target
+
+
+def pass_delay(num_speculative_tokens: int, costs: RoundCosts) -> float:
+    """dT(K) = T_pass(R_others + K + 1) - T_pass(R_others + 1) >= 0: how much longer this session's
+    K drafts make the pass that every session in it waits for."""
+    if num_speculative_tokens == 0:
+        return 0.0
+    base = costs.others_rows + 1
+    return max(0.0, costs.verify_fn(base + num_speculative_tokens) - costs.verify_fn(base))
+
+
+def others_lost_tokens(num_speculative_tokens: int, costs: RoundCosts) -> float:
+    """(n - 1) r dT(K): tokens the other sessions in the pass lose per round of this one."""
+    if costs.others_sessions <= 0.0 or costs.others_tokens_per_second <= 0.0:
+        return 0.0
+    delay = pass_delay(num_speculative_tokens, costs)
+    return costs.others_sessions * costs.others_tokens_per_second * delay
+
+
+def others_commit_rate(
+    alpha: float | Sequence[float], num_speculative_tokens: int, costs: RoundCosts
+) -> float:
+    """r: tokens per second that each other session in the pass commits, while this one runs K.
+
+    The others are taken as like this session (its alpha, draft and hop times) at the mean K
+    their rows show, K_o = R_others / (n - 1) - 1, each waiting for the same pass of
+    R_others + K + 1 rows: r = E(K_o) / (K_o t_draft + RTT_draft min(1, K_o) + T_pass + RTT_target).
+    When they run this session's K, that is E(K) / T_round(K).
+    """
+    if costs.others_sessions <= 0.0:
+        return 0.0
+    others_k = max(0.0, costs.others_rows / costs.others_sessions - 1.0)
+    their_round = (others_k * costs.t_draft + min(1.0, others_k) * costs.rtt_draft
+                   + costs.verify_fn(costs.others_rows + num_speculative_tokens + 1) + costs.rtt_target)
+    return mean_committed_tokens(alpha, others_k) / their_round
+
+
+def session_rate(alpha: float | Sequence[float], num_speculative_tokens: int, costs: RoundCosts) -> float:
+    """E(K) / T_round(K): this session's own committed tokens per second."""
+    return expected_committed_tokens(alpha, num_speculative_tokens) / round_time(num_speculative_tokens, costs)
+
+
+def goodput(alpha: float | Sequence[float], num_speculative_tokens: int, costs: RoundCosts) -> float:
+    """G(K) = (E(K) - (n - 1) r dT(K)) / T_round(K): tokens per second the system gains from this
+    session running K, its own minus what its rows cost the others (negative when they cost more)."""
+    committed = expected_committed_tokens(alpha, num_speculative_tokens)
+    lost = others_lost_tokens(num_speculative_tokens, costs)
+    return (committed - lost) / round_time(num_speculative_tokens, costs)
 
 
 def seconds_per_token(
     alpha: float | Sequence[float], num_speculative_tokens: int, costs: RoundCosts
 ) -> float:
-    """T_round(K) / E(K): expected seconds per committed token."""
+    """T_round(K) / (E(K) - (n - 1) r dT(K)) = 1 / G(K): seconds of this session's round per token
+    the system gains; T_round(K) / E(K) when alone. Infinite when G(K) <= 0."""
     committed = expected_committed_tokens(alpha, num_speculative_tokens)
-    return round_time(num_speculative_tokens, costs) / committed
+    lost = others_lost_tokens(num_speculative_tokens, costs)
+    if committed - lost <= 0.0:
+        return math.inf
+    return round_time(num_speculative_tokens, costs) / (committed - lost)
 
 
 def best_k(alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int) -> int:
-    """K* = argmin over 0..max_num_speculative_tokens of T_round(K) / E(K); the smallest K on ties."""
+    """K* = argmin over 0..max_num_speculative_tokens of seconds_per_token, i.e. argmax G(K); the
+    smallest K on ties. Alone this is argmin T_round(K) / E(K)."""
     times = [seconds_per_token(alpha, num, costs) for num in range(max_num_speculative_tokens + 1)]
     return min(range(max_num_speculative_tokens + 1), key=times.__getitem__)
 
@@ -204,7 +313,8 @@ class KControllerConfig:
 
 
 class AdaptiveKController:
-    """K* = argmin T_round(K) / E(K) from one session's online estimates (see module docstring).
+    """K* = argmax G(K) from one session's online estimates (see module docstring); alone, that is
+    argmin T_round(K) / E(K).
 
     One instance per session; `priors`, if given, is shared by the sessions of a pool: it seeds
     this session's estimates and receives them after every round.
@@ -236,6 +346,10 @@ class AdaptiveKController:
             prior_b=seed.verify_b,
             prior_residuals=seed.verify_residuals or (),
         )
+        # The verify pass's load: its rows and sessions, and the rows the other sessions add.
+        self._pass_rows = RunningEstimate(cfg.timing_weight)
+        self._pass_sessions = RunningEstimate(cfg.timing_weight)
+        self._others_rows = RunningEstimate(cfg.timing_weight)
         self._round = 0
         self._num_speculative_tokens = cfg.initial_num_speculative_tokens
         self._pending_catchup_tokens = 0  # committed tokens the draft missed during K = 0 rounds
@@ -288,6 +402,9 @@ class AdaptiveKController:
             "t_feed_per_token": self._t_feed.value,
             "rtt_draft": self._rtt_draft.value,
             "rtt_target": self._rtt_target.value,
+            "verify_pass_rows": self._pass_rows.value,  # mean rows of the verify pass, all sessions
+            "verify_pass_sessions": self._pass_sessions.value,  # mean sessions in it, n
+            "verify_pass_others_rows": self._others_rows.value,  # mean rows of the others, R_others
         }
         figures.update({name: value for name, value in named.items() if value is not None})
         coefficients = self._verify.coefficients()
@@ -295,10 +412,12 @@ class AdaptiveKController:
             figures["verify_a"], figures["verify_b"] = coefficients
         costs = self._costs(include_catchup=False)
         if costs is not None:
-            per_token = seconds_per_token(self._alpha.alpha, self._num_speculative_tokens, costs)
-            figures["predicted_tokens_per_second"] = 1.0 / per_token
-            target_only = seconds_per_token(self._alpha.alpha, 0, costs)
-            figures["predicted_speedup_vs_k0"] = target_only / per_token
+            alpha, current = self._alpha.alpha, self._num_speculative_tokens
+            own = session_rate(alpha, current, costs)
+            figures["predicted_tokens_per_second"] = own
+            figures["predicted_speedup_vs_k0"] = own / session_rate(alpha, 0, costs)
+            # own rate less what this session's drafted rows cost the others in the pass
+            figures["predicted_goodput_tokens_per_second"] = goodput(alpha, current, costs)
         return figures
 
     # -- internals -------------------------------------------------------------------------------
@@ -325,9 +444,21 @@ class AdaptiveKController:
             self._pending_catchup_tokens = 0
         else:
             self._pending_catchup_tokens += 1
-        self._verify.update(num_speculative_tokens + 1, observation.verify_compute_seconds, index)
+        # The fit is over the whole pass's rows: the time is that of the pass, whoever was in it.
+        rows = observation.pass_rows
+        self._verify.update(rows, observation.verify_compute_seconds, index)
+        self._pass_rows.update(float(rows), index)
+        self._pass_sessions.update(observation.pass_sessions, index)
+        self._others_rows.update(float(rows - num_speculative_tokens - 1), index)
         target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
         self._rtt_target.update(max(0.0, target_overhead), index)
+
+    def _load(self) -> tuple[int, float]:
+        """(R_others rounded, n - 1) from the running means; (0, 0.0) alone or before any round."""
+        others_rows = self._others_rows.value
+        sessions = self._pass_sessions.value
+        return (round(others_rows) if others_rows is not None else 0,
+                max(0.0, sessions - 1.0) if sessions is not None else 0.0)
 
     def _costs(self, include_catchup: bool = True) -> RoundCosts | None:
         coefficients = self._verify.coefficients()
@@ -337,7 +468,17 @@ class AdaptiveKController:
             return None
         t_feed = self._t_feed.value if self._t_feed.value is not None else t_draft
         catchup = self._pending_catchup_tokens * t_feed if include_catchup else 0.0
-        return RoundCosts(t_draft, self._verify.seconds, rtt_draft, rtt_target, catchup)
+        others_rows, others_sessions = self._load()
+        # Alone, a row count's own residual (kernel steps) sharpens the line; with others in the
+        # pass their rows move it across those steps from round to round, so the line alone.
+        verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
+        costs = RoundCosts(t_draft, verify_fn, rtt_draft, rtt_target, catchup, others_rows=others_rows)
+        if others_sessions > 0.0:
+            current = min(self._num_speculative_tokens, self._config.max_num_speculative_tokens)
+            costs = replace(costs, others_sessions=others_sessions)
+            rate = others_commit_rate(self._alpha.alpha, current, costs)
+            costs = replace(costs, others_tokens_per_second=rate)
+        return costs
 
     def _decide(self) -> None:
         costs = self._costs()
@@ -356,17 +497,20 @@ class AdaptiveKController:
                 for rows, seconds in enumerate(self._verify.seconds_up_to(max_rows), start=1)]
 
     def _seconds_per_token_by_k(self, costs: RoundCosts) -> list[float]:
-        """Seconds per token for K = 0..max_num_speculative_tokens, with verify times of little-measured row counts
-        taken optimistically; K = 0 is ruled out (infinite) while an optimistic alpha,
-        zero_k_optimism posterior sd above the estimate, would still draft."""
+        """Seconds per token (1 / G) for K = 0..max_num_speculative_tokens. Alone, verify times of
+        little-measured row counts are taken optimistically. K = 0 is ruled out (infinite) while
+        an optimistic alpha, zero_k_optimism posterior sd above the estimate, would still draft,
+        unless no K > 0 gains the system anything at the estimate itself."""
         cfg = self._config
         alpha = self._alpha.alpha
-        # Each row count's optimistic time once per decision: both argmins below read it.
-        verify = self._optimistic_verify_seconds(cfg.max_num_speculative_tokens + 1)
-        costs = replace(costs, verify_fn=lambda rows: verify[rows - 1])
+        if costs.others_rows == 0:
+            # Each row count's optimistic time once per decision: both argmins below read it.
+            verify = self._optimistic_verify_seconds(cfg.max_num_speculative_tokens + 1)
+            costs = replace(costs, verify_fn=lambda rows: verify[rows - 1])
         times = [seconds_per_token(alpha, num, costs) for num in range(cfg.max_num_speculative_tokens + 1)]
         optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)
-        if best_k(optimistic_alpha, costs, cfg.max_num_speculative_tokens) > 0:
+        drafting_can_gain = any(math.isfinite(seconds) for seconds in times[1:])
+        if drafting_can_gain and best_k(optimistic_alpha, costs, cfg.max_num_speculative_tokens) > 0:
             times[0] = math.inf
         return times
 

@@ -12,9 +12,12 @@ information is discounted by the rounds elapsed, not by the samples taken.
   n successes and one failure; a full round gives K successes and no failure. That is the maximum
   likelihood estimate under geometric acceptance; accepted / drafted is biased low, because the
   positions after the first rejection were never tested.
-- :class:`VerifyFit`: T_verify(n) ~ a + b * n, discounted least squares with a ridge pull towards a
-  prior (a0, b0), so it is defined from rounds that all used the same K; plus each row count's own
-  residual from that line, because real costs step at kernel block sizes.
+- :class:`VerifyFit`: T_pass(R) ~ a + b * R over the rows R of the whole target pass (every
+  session batched into it, not only this one's K + 1), discounted least squares with a ridge pull
+  towards a prior (a0, b0), so it is defined from rounds that all had the same rows; plus each row
+  count's own residual from that line, because real costs step at kernel block sizes.
+- The load a session shares the target with (the mean sessions per pass and the mean rows the
+  others put in it) is kept by :class:`RunningEstimate` instances in the controller.
 - :class:`ControllerPriors`: pool-wide figures that sessions update and new sessions start from.
 
 Pure Python: no I/O, no protobuf, no module-level state.
@@ -105,7 +108,10 @@ class AcceptanceEstimate:
 
 @dataclass
 class VerifyFit:
-    """T_verify(n) ~ a + b * n, n = K + 1 rows in one target pass; ridge towards (a0, b0).
+    """T_pass(n) ~ a + b * n, n the rows of one target pass; ridge towards (a0, b0).
+
+    n is the whole pass's rows: K + 1 when the session's Verify ran alone, the sum over every
+    session batched into it otherwise, so one line describes the pass whoever shares it.
 
     Minimises  sum_i w_i (t_i - a - b n_i)^2 + s (a - a0)^2 + s r^2 (b - b0)^2  with w_i = decay^age
     and r a reference row count. When nothing seeds the prior, the first sample sets it, splitting
@@ -191,8 +197,12 @@ class VerifyFit:
         a, b = self._fitted_line()
         return a + b * rows
 
+    def line_seconds(self, rows: int) -> float:
+        """Predicted T_pass(rows) by the line alone, without the row count's residual."""
+        return max(0.0, self._line(rows))
+
     def seconds(self, rows: int) -> float:
-        """Predicted T_verify(rows): the line plus the row count's shrunk mean residual."""
+        """Predicted T_pass(rows): the line plus the row count's shrunk mean residual."""
         return self.seconds_up_to(rows, first=rows)[0]
 
     def seconds_up_to(self, max_rows: int, first: int = 1) -> list[float]:

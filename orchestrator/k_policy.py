@@ -33,8 +33,24 @@ class RoundObservation:
     draft_compute_seconds: float  # server-reported; 0 when K = 0
     draft_wall_seconds: float  # client wall time of the Propose call; 0 when K = 0
     draft_fed_tokens: int  # tokens the draft fed this round: catch-up + K - 1 drafts
-    verify_compute_seconds: float  # server-reported time of the one forward pass over K + 1
+    verify_compute_seconds: float  # server-reported time of the one forward pass it ran in
     verify_wall_seconds: float  # client wall time of the Verify call
+    # The verify pass as a whole: rows (tokens fed) and sessions of all sessions batched into it,
+    # this round's K + 1 rows included. 0 means unknown (a server that predates batching) and is
+    # taken as alone: K + 1 rows, 1 session.
+    verify_pass_rows: float = 0.0
+    verify_pass_sessions: float = 0.0
+
+    @property
+    def pass_rows(self) -> int:
+        """Rows of the verify pass; K + 1 when unknown, never fewer than this round's own."""
+        own = self.num_speculative_tokens + 1
+        return max(own, round(self.verify_pass_rows)) if self.verify_pass_rows > 0 else own
+
+    @property
+    def pass_sessions(self) -> float:
+        """Sessions in the verify pass, this one included; 1 when unknown."""
+        return max(1.0, self.verify_pass_sessions)
 
 
 class KPolicy(Protocol):

@@ -26,6 +26,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 log = logging.getLogger(__name__)
 
 NAME = "specdec_sdpa"
+RAGGED = "specdec_ragged"
 
 
 def sdpa_keeping_kv_heads(
@@ -49,15 +50,45 @@ def sdpa_keeping_kv_heads(
     return output.transpose(1, 2).contiguous(), None  # (B, T, H, D)
 
 
+def ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (1, H, N, D): the new rows of every session in the pass, packed
+    key: torch.Tensor,  # (1, H_kv, N, D)
+    value: torch.Tensor,  # (1, H_kv, N, D)
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    ragged=None,  # specdec.ragged.RaggedBatch
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a ragged pass (specdec.ragged): each session's rows attend to its own cache
+    and to its own earlier new rows; the model's mask is not used. Without `ragged` (a plain
+    forward, such as Hugging Face's generate), sdpa_keeping_kv_heads."""
+    if ragged is None:
+        return sdpa_keeping_kv_heads(module, query, key, value, attention_mask, dropout=dropout,
+                                     scaling=scaling, **kwargs)
+    layer = module.layer_idx
+    outputs = []
+    for span in ragged.spans:
+        keys, values = span.cache.append(layer, key[:, :, span.start:span.end], value[:, :, span.start:span.end])
+        outputs.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, span.start:span.end], keys, values, attn_mask=span.mask, scale=scaling,
+            enable_gqa=keys.shape[1] != query.shape[1]))
+    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (1, H, N, D)
+    return output.transpose(1, 2).contiguous(), None
+
+
 AttentionInterface.register(NAME, sdpa_keeping_kv_heads)
 AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionInterface.register(RAGGED, ragged_attention)
+AttentionMaskInterface.register(RAGGED, sdpa_mask)
 
 
-def use_on_cpu(model: PreTrainedModel) -> None:
-    """Switches a CPU model that uses sdpa to sdpa_keeping_kv_heads; leaves any other as it is."""
-    if model.device.type != "cpu" or getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return
+def use_ragged(model: PreTrainedModel) -> None:
+    """Switches a model to ragged_attention, which the services' batched passes need (a plain
+    forward still gets sdpa_keeping_kv_heads on a CPU, Hugging Face's sdpa elsewhere)."""
     try:
-        model.set_attn_implementation(NAME)
+        model.set_attn_implementation(RAGGED)
     except (ValueError, NotImplementedError) as error:  # a model without AttentionInterface support
-        log.info("keeping sdpa attention for %s: %s", type(model).__name__, error)
+        raise ValueError(f"{type(model).__name__} does not support pluggable attention, which "
+                         f"batched serving needs: {error}") from error

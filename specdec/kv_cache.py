@@ -1,41 +1,75 @@
-"""A session's KV cache and the token ids it holds. Rollback is one call: truncate(length)."""
+"""A session's KV cache and the token ids it holds. Rollback is one call: truncate(length).
+
+Each layer's keys and values live in a buffer with spare room at the end (doubled when full), so
+feeding a token writes in place instead of copying the whole cache, and truncating only moves the
+length. Several sessions' caches are fed in one forward pass by specdec.ragged.
+"""
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+_MIN_CAPACITY = 64
 
 
 class SequenceCache:
-    """KV cache of one sequence (batch 1) plus the ids fed into it, always the same length."""
+    """KV cache of one sequence plus the ids fed into it, always the same length."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self._model = model
-        self._cache = DynamicCache(config=model.config)
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.num_layers = config.num_hidden_layers
         self.token_ids: list[int] = []
+        self._keys: list[torch.Tensor | None] = [None] * self.num_layers  # (1, H_kv, capacity, D)
+        self._values: list[torch.Tensor | None] = [None] * self.num_layers
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens."""
-        remove = len(self.token_ids) - length
-        if remove < 0:
+        if not 0 <= length <= len(self.token_ids):
             raise ValueError(f"cannot truncate {len(self.token_ids)} tokens to {length}")
-        if remove:
-            self._cache.crop(-remove)  # transformers 5: a negative count of tokens to drop
-            del self.token_ids[length:]
+        del self.token_ids[length:]
 
-    @torch.inference_mode()
-    def feed(self, token_ids: list[int]) -> torch.Tensor:
-        """Feeds tokens in one forward pass; returns their logits, (T, V)."""
-        if not token_ids:
-            raise ValueError("feed needs at least one token")
-        device = self._model.device
-        input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)  # (1, T)
-        output = self._model(input_ids=input_ids, cache=self._cache, use_cache=True)
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values `layer` holds for the cached tokens, (1, H_kv, len(self), D)."""
+        length = len(self.token_ids)
+        if self._keys[layer] is None:
+            raise ValueError("the cache is empty")
+        return self._keys[layer][:, :, :length], self._values[layer][:, :, :length]
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes keys/values (1, H_kv, n, D) after the cached tokens of `layer`; returns the
+        layer's keys and values for all len(self) + n positions. The length itself moves in
+        `extend`, once the whole pass is done."""
+        start = len(self.token_ids)
+        end = start + keys.shape[2]
+        buffer_k, buffer_v = self._keys[layer], self._values[layer]
+        if buffer_k is None or buffer_k.shape[2] < end:
+            capacity = max(_MIN_CAPACITY, end, 2 * (0 if buffer_k is None else buffer_k.shape[2]))
+            shape = (1, keys.shape[1], capacity, keys.shape[3])
+            grown_k = keys.new_empty(shape)
+            grown_v = values.new_empty(shape)
+            if buffer_k is not None and start:
+                grown_k[:, :, :start] = buffer_k[:, :, :start]
+                grown_v[:, :, :start] = buffer_v[:, :, :start]
+            self._keys[layer], self._values[layer] = buffer_k, buffer_v = grown_k, grown_v
+        buffer_k[:, :, start:end] = keys
+        buffer_v[:, :, start:end] = values
+        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+
+    def extend(self, token_ids: list[int]) -> None:
+        """Records token_ids as fed (after every layer has appended their keys and values)."""
         self.token_ids.extend(token_ids)
-        logits = output.logits[0]  # (T, V)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        return logits.cpu()
+
+    def feed(self, token_ids: list[int]) -> torch.Tensor:
+        """Feeds tokens in one forward pass of this sequence alone; returns their logits, (T, V)."""
+        from specdec.ragged import Feed, forward  # the forward pass builds on this module
+
+        return forward(self._model, [Feed(self, list(token_ids), keep_all=True)])[0]

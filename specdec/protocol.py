@@ -96,6 +96,10 @@ class Timing:
 
     compute_seconds: float  # the forward pass(es)
     queue_seconds: float  # waiting for the model thread
+    # The batch the call ran in: rows (tokens fed) and sessions of the whole forward pass, all
+    # sessions together; the mean over passes for a call that takes several (a Propose).
+    pass_rows: float = 0.0
+    pass_sessions: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ class CallTiming:
     wall_seconds: float  # from sending the request to having the response
     compute_seconds: float = 0.0  # server-reported forward time
     queue_seconds: float = 0.0  # server-reported wait for the model thread
+    pass_rows: float = 0.0  # server-reported rows of the pass(es) the call ran in (see Timing)
+    pass_sessions: float = 0.0  # server-reported sessions in those passes
 
     @property
     def network_seconds(self) -> float:
@@ -140,6 +146,13 @@ class ReplicaInfo:
     eos_token_ids: tuple[int, ...] = ()
     max_sessions: int = 0
     max_cached_tokens: int = 0
+    # Batching: the last forward pass's rows and sessions, and running totals since the start
+    # (mean batch size over an interval = its change in pass_sessions_total / passes_total).
+    pass_rows: int = 0
+    pass_sessions: int = 0
+    passes_total: int = 0
+    pass_rows_total: int = 0
+    pass_sessions_total: int = 0
 
 
 def check_token_ids(token_ids: Iterable[int], vocab_size: int, what: str) -> None:

@@ -4,6 +4,7 @@ expiry. Plain Python types (specdec.protocol); the servicers convert to and from
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from specdec.errors import InvalidInput, OutOfRange, SessionNotFound, Unavailabl
 from specdec.models import LoadedModel
 from specdec.protocol import PROTOCOL_VERSION, Handle, ReplicaInfo, Timing, check_token_ids
 from specdec.sessions import Session, SessionBudget, SessionStore, check_handle
-from specdec.worker import ModelWorker
+from specdec.ragged import Job
+from specdec.worker import BatchLimits, ModelWorker, Timed
 
 log = logging.getLogger(__name__)
 State = TypeVar("State")
@@ -28,7 +30,8 @@ class ServiceConfig:
     replica_id: str
     budget: SessionBudget = SessionBudget()
     max_num_speculative_tokens: int = 16
-    max_queue: int = 64  # forward passes waiting for the worker before RESOURCE_EXHAUSTED
+    max_queue: int = 64  # calls waiting for the worker before RESOURCE_EXHAUSTED
+    batch: BatchLimits = BatchLimits()  # what one forward pass may hold
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -46,7 +49,7 @@ class SessionService(Generic[State]):
         self.loaded = loaded
         self.config = config
         self.store: SessionStore[State] = SessionStore(config.budget, size_of)
-        self.worker = ModelWorker(config.max_queue)
+        self.worker = ModelWorker(config.max_queue, config.batch, loaded.model)
         self.draining = False  # set on SIGTERM: existing sessions go on, new ones are refused
 
     def check_prompt(self, token_ids: list[int], what: str = "token_ids") -> None:
@@ -60,20 +63,20 @@ class SessionService(Generic[State]):
         check_token_ids(token_ids, self.loaded.vocab_size, what)
 
     async def new_session(
-        self, session_id: str, token_ids: list[int], build: Callable[[], tuple[State, int, Result]]
+        self, session_id: str, token_ids: list[int], build: Callable[[], Job[tuple[State, int, Result]]]
     ) -> tuple[Handle, Result, Timing]:
-        """Runs build() (-> state, committed length, result) on the worker as a new epoch."""
+        """Runs the job build() (-> state, committed length, result) on the worker as a new epoch."""
         self._refuse_if_draining()
         with self.store.admission(session_id, len(token_ids)):
-            timed = await self.worker.run(build)
+            timed = await self.worker.run_job(build)
         state, committed_length, result = timed.value
         session = self.store.create(session_id, committed_length, state)
-        return self._handle(session), result, Timing(timed.compute_seconds, timed.queue_seconds)
+        return self._handle(session), result, _timing(timed)
 
     async def call(
-        self, handle: Handle, apply: Callable[[State], tuple[int, Result]]
+        self, handle: Handle, apply: Callable[[State], Job[tuple[int, Result]]]
     ) -> tuple[Handle, Result, Timing]:
-        """Applies apply(state) -> (new committed length, result) once per handle.
+        """Applies the job apply(state) (-> new committed length, result) once per handle.
 
         A repeat of the last applied handle returns the stored answer; see specdec.sessions.
         """
@@ -88,20 +91,18 @@ class SessionService(Generic[State]):
             if replay is not None:
                 return replay
 
-            def work() -> tuple[Handle, Result, Timing]:
-                started = time.perf_counter()
-                new_length, result = apply(session.state)
+            def work() -> Job[tuple[Handle, Result]]:
+                new_length, result = yield from apply(session.state)
                 new_handle = self._handle(session, new_length)
-                # Recorded on the worker, with the state change and its own timing, so a caller
-                # cancelled meanwhile cannot leave the cache advanced but the handle (or the
-                # replayable response) not: its retry gets this very response.
-                timing = Timing(time.perf_counter() - started, 0.0)
-                session.record(handle.committed_length, new_length, (new_handle, result, timing))
-                return new_handle, result, timing
+                # Recorded on the worker, with the state change, so a caller cancelled meanwhile
+                # cannot leave the cache advanced but the handle (or the replayable response)
+                # not: its retry gets this very response (its timing filled in below).
+                session.record(handle.committed_length, new_length, (new_handle, result, Timing(0.0, 0.0)))
+                return new_handle, result
 
-            timed = await self.worker.run(work)
-            new_handle, result, _ = timed.value
-            timing = Timing(timed.compute_seconds, timed.queue_seconds)
+            timed = await self.worker.run_job(work)
+            new_handle, result = timed.value
+            timing = _timing(timed)
             session.last_response = (new_handle, result, timing)
             return new_handle, result, timing
 
@@ -129,6 +130,7 @@ class SessionService(Generic[State]):
             eos_token_ids=loaded.eos_token_ids,
             max_sessions=self.config.budget.max_sessions,
             max_cached_tokens=self.config.budget.max_cached_tokens,
+            **dataclasses.asdict(self.worker.counters),
         )
 
     async def expire_forever(self, interval_seconds: float | None = None) -> None:
@@ -170,3 +172,7 @@ class SessionService(Generic[State]):
             committed_length=session.committed_length if committed_length is None else committed_length,
             epoch=session.epoch,
         )
+
+
+def _timing(timed: Timed) -> Timing:
+    return Timing(timed.compute_seconds, timed.queue_seconds, timed.pass_rows, timed.pass_sessions)

@@ -1,5 +1,15 @@
-"""Runs model forward passes off the asyncio event loop, on one thread with a bounded queue, so
-health checks, cancellation and other sessions never wait behind a forward pass.
+"""Runs model forward passes off the asyncio event loop, on one thread, batching the work of many
+sessions into each pass (continuous batching), so health checks, cancellation and other sessions
+never wait behind a forward pass and a pass serves everyone waiting.
+
+A session's model work is a job: a generator that yields a Feed (tokens for its cache,
+specdec.ragged) and receives that Feed's logits, as often as it needs (a Verify once, a Propose of
+K once per drafted position), and returns its result. When the model is free the worker takes every
+job that has a Feed ready, up to a per-pass token and session budget, and runs their Feeds as one
+forward pass over ragged rows; then each job goes on from its own logits. There is no collection
+window: at low load a pass holds one session, as it would alone. Short feeds (Verify, draft steps)
+go first; a long prompt is fed in chunks with what the budget leaves, so it never stalls the
+others' rounds. A job that fails fails alone; a pass that fails fails the jobs in it.
 
 One thread per process runs all of its torch work, the model's loading included (model_thread).
 torch's CPU ops run on an OpenMP team per calling thread, and libgomp lets a team's idle threads
@@ -15,27 +25,62 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from specdec.errors import Overloaded
+
+if TYPE_CHECKING:  # torch stays out of processes that only import the model thread
+    import torch
+
+    from specdec.ragged import Feed, Job
 
 Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
 class Timed:
-    """A worker result with its timing (seconds)."""
+    """A worker result with its timing (seconds) and the batches it ran in."""
 
-    value: object
-    compute_seconds: float
-    queue_seconds: float
+    value: Any
+    compute_seconds: float  # the passes it took part in, whole
+    queue_seconds: float  # from submission to its first pass
+    pass_rows: float = 0.0  # mean rows (all sessions) of those passes
+    pass_sessions: float = 0.0  # mean sessions of those passes
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What one forward pass may hold."""
+
+    max_pass_tokens: int = 512  # rows over all sessions; a long prompt is fed in chunks
+    max_pass_sessions: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_pass_tokens < 1 or self.max_pass_sessions < 1:
+            raise ValueError("max_pass_tokens and max_pass_sessions must be >= 1")
+
+
+@dataclass(frozen=True)
+class PassCounters:
+    """What the worker has run: the last pass and running totals."""
+
+    pass_rows: int = 0
+    pass_sessions: int = 0
+    passes_total: int = 0
+    pass_rows_total: int = 0
+    pass_sessions_total: int = 0
 
 
 _model_thread: ThreadPoolExecutor | None = None
 _model_thread_lock = threading.Lock()
+# Below this many tokens a feed counts as a decode step and goes before prompt chunks.
+_SHORT_FEED = 64
+# A prompt chunk gets at least this many tokens of a pass, whatever the decode rows left.
+_MIN_CHUNK = 16
 
 
 def model_thread() -> ThreadPoolExecutor:
@@ -52,17 +97,50 @@ async def run_on_model_thread(fn: Callable[[], Result]) -> Result:
     return await asyncio.wrap_future(model_thread().submit(fn))
 
 
-class ModelWorker:
-    """One service's queue of forward passes. Every worker in a process shares the model thread,
-    so two services in one process take turns; each keeps its own queue bound and shutdown."""
+@dataclass(eq=False)
+class _Entry:
+    """A submitted call: a job (make_job) or a plain function run alone (fn)."""
 
-    def __init__(self, max_queue: int = 64) -> None:
+    future: concurrent.futures.Future
+    make_job: Callable[[], Job] | None = None
+    fn: Callable[[], Any] | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    job: Job | None = None
+    feed: Feed | None = None  # what the job feeds next
+    fed: int = 0  # tokens of `feed` already fed (a prompt in chunks)
+    first_pass: float | None = None
+    compute_seconds: float = 0.0
+    passes: int = 0
+    rows: int = 0
+    sessions: int = 0
+
+    def timed(self, value: Any) -> Timed:
+        started = self.submitted if self.first_pass is None else self.first_pass
+        passes = max(1, self.passes)
+        return Timed(value, self.compute_seconds, started - self.submitted,
+                     self.rows / passes, self.sessions / passes)
+
+
+class ModelWorker:
+    """One service's queue of model work, batched into forward passes of `model`. Every worker in
+    a process shares the model thread, so two services in one process take turns pass by pass;
+    each keeps its own queue bound and shutdown."""
+
+    def __init__(self, max_queue: int = 64, limits: BatchLimits = BatchLimits(),
+                 model: torch.nn.Module | None = None) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
         self.max_queue = max_queue
-        self._pending = 0
-        self._futures: set[concurrent.futures.Future] = set()
+        self.limits = limits
+        self._model = model
+        self._pending = 0  # calls submitted and not finished
+        self._lock = threading.Lock()  # guards _waiting, _active, _scheduled, _closed, _alone
+        self._waiting: deque[_Entry] = deque()
+        self._active: list[_Entry] = []
+        self._scheduled = False
         self._closed = False
+        self._alone: _Entry | None = None  # the plain call running, if any
+        self.counters = PassCounters()
 
     @property
     def load(self) -> float:
@@ -74,40 +152,192 @@ class ModelWorker:
         return self._pending == 0
 
     async def run(self, fn: Callable[[], Result]) -> Timed:
+        """fn() on the model thread, alone (no other job of this worker runs meanwhile)."""
+        return await self._submit(_Entry(concurrent.futures.Future(), fn=fn))
+
+    async def run_job(self, make_job: Callable[[], Job]) -> Timed:
+        """Runs the job make_job() returns (made on the model thread), batched with others."""
+        if self._model is None:
+            raise RuntimeError("this worker has no model to run jobs on")
+        return await self._submit(_Entry(concurrent.futures.Future(), make_job=make_job))
+
+    async def _submit(self, entry: _Entry) -> Timed:
         if self._closed:
             raise RuntimeError("the model worker is shut down")
         if self._pending >= self.max_queue:
             raise Overloaded(f"model worker queue is full ({self.max_queue} calls waiting)")
         self._pending += 1
-        submitted = time.perf_counter()
-        started: list[float] = []
-
-        def timed_call() -> Result:
-            started.append(time.perf_counter())
-            return fn()
-
-        submitted_future = model_thread().submit(timed_call)
-        self._futures.add(submitted_future)
-        submitted_future.add_done_callback(self._futures.discard)
-        future = asyncio.wrap_future(submitted_future)
+        with self._lock:
+            self._waiting.append(entry)
+            self._schedule()
+        future = asyncio.wrap_future(entry.future)
         try:
-            value = await asyncio.shield(future)
+            return await asyncio.shield(future)
         except asyncio.CancelledError:
-            # A forward pass cannot be interrupted: let it finish before the caller's session
-            # lock is released, so no other call sees a half-updated cache.
+            # A job cannot be interrupted between its passes without leaving its session's cache
+            # half-updated: let it finish before the caller's session lock is released.
             await asyncio.wait([future])
             raise
         finally:
             self._pending -= 1
-        finished = time.perf_counter()
-        return Timed(value=value, compute_seconds=finished - started[0],
-                     queue_seconds=started[0] - submitted)
+
+    def _schedule(self) -> None:
+        """Queues one step on the model thread unless one is queued. Call with the lock held."""
+        if not self._scheduled and (self._waiting or self._active):
+            self._scheduled = True
+            model_thread().submit(self._step)
+
+    def _step(self) -> None:
+        """One pass (or one plain call), then re-queues itself behind whatever else the model
+        thread has to do (another service's worker in the same process)."""
+        try:
+            with self._lock:
+                alone = self._alone = self._admit()
+                closing = self._closed
+                entries = list(self._active)
+            if alone is not None:
+                self._run_alone(alone)
+            elif closing:
+                for entry in entries:
+                    self._fail(entry, RuntimeError("the model worker is shut down"))
+            elif entries:
+                self._run_pass(entries)
+        finally:
+            with self._lock:
+                self._alone = None
+                self._active = [e for e in self._active if not e.future.done()]
+                self._scheduled = False
+                self._schedule()
+
+    def _admit(self) -> _Entry | None:
+        """Moves waiting jobs to the active set in order; returns a plain call to run alone once
+        no job is active. Call with the lock held."""
+        while self._waiting:
+            head = self._waiting[0]
+            if head.fn is not None:
+                if self._active:
+                    return None  # the active jobs finish first
+                self._waiting.popleft()
+                return head if head.future.set_running_or_notify_cancel() else None
+            if len(self._active) >= self.limits.max_pass_sessions:
+                return None
+            self._waiting.popleft()
+            if head.future.set_running_or_notify_cancel():
+                self._active.append(head)
+        return None
+
+    def _run_alone(self, entry: _Entry) -> None:
+        entry.first_pass = time.perf_counter()
+        try:
+            value = entry.fn()
+        except Exception as error:  # handed to the caller
+            entry.future.set_exception(error)
+            return
+        entry.compute_seconds = time.perf_counter() - entry.first_pass
+        entry.future.set_result(entry.timed(value))
+
+    def _run_pass(self, entries: list[_Entry]) -> None:
+        from specdec.ragged import forward
+
+        started = time.perf_counter()
+        for entry in entries:
+            if entry.job is None:
+                entry.first_pass = started
+                entry.job = entry.make_job()
+                self._advance(entry, None)
+        chosen = self._choose([e for e in entries if not e.future.done()])
+        if not chosen:
+            return
+        feeds = [feed for _, feed in chosen]
+        try:
+            logits = forward(self._model, feeds)
+        except Exception as error:
+            for entry, _ in chosen:
+                self._fail(entry, error)
+            return
+        seconds = time.perf_counter() - started
+        rows = sum(len(feed.token_ids) for feed in feeds)
+        counters = self.counters
+        self.counters = PassCounters(rows, len(feeds), counters.passes_total + 1,
+                                     counters.pass_rows_total + rows,
+                                     counters.pass_sessions_total + len(feeds))
+        for (entry, feed), entry_logits in zip(chosen, logits):
+            entry.compute_seconds += seconds
+            entry.passes += 1
+            entry.rows += rows
+            entry.sessions += len(feeds)
+            entry.fed += len(feed.token_ids)
+            if entry.fed == len(entry.feed.token_ids):
+                self._advance(entry, entry_logits)
+
+    def _choose(self, entries: list[_Entry]) -> list[tuple[_Entry, Feed]]:
+        """This pass's feeds within the budget: decode-sized feeds (and any feed whose every row's
+        logits are wanted, which is never split) first, in order; then prompt chunks with the
+        tokens left, at least _MIN_CHUNK so that a prompt always moves."""
+        budget = self.limits.max_pass_tokens
+        chosen: list[tuple[_Entry, Feed]] = []
+        rest = [(e, len(e.feed.token_ids) - e.fed) for e in entries]
+        for entry, size in rest:
+            if (entry.feed.keep_all or size <= _SHORT_FEED) and (size <= budget or not chosen):
+                chosen.append((entry, _rest(entry, size)))
+                budget -= size
+        taken = {id(entry) for entry, _ in chosen}
+        chunked = False
+        for entry, size in rest:
+            if budget <= 0 and (chunked or not chosen):
+                break
+            if entry.feed.keep_all or id(entry) in taken:
+                continue
+            take = min(size, max(budget, _MIN_CHUNK))
+            chosen.append((entry, _rest(entry, take)))
+            budget -= take
+            chunked = True
+        return chosen
+
+    def _advance(self, entry: _Entry, logits: torch.Tensor | None) -> None:
+        """Sends the job its logits (None to start it): it yields its next Feed or finishes."""
+        try:
+            feed = entry.job.send(logits)
+        except StopIteration as stop:
+            entry.feed = None
+            entry.future.set_result(entry.timed(stop.value))
+            return
+        except Exception as error:  # the job's own failure (a bad input, say): its caller's
+            entry.feed = None
+            entry.future.set_exception(error)
+            return
+        if not feed.token_ids:
+            self._fail(entry, ValueError("a job fed no tokens"))
+            return
+        entry.feed, entry.fed = feed, 0
+
+    @staticmethod
+    def _fail(entry: _Entry, error: BaseException) -> None:
+        if entry.job is not None:
+            entry.job.close()
+        if not entry.future.done():
+            entry.future.set_exception(error)
 
     def shutdown(self) -> None:
-        """Cancels this worker's queued calls and waits for its running one; the model thread
-        itself goes on (other services in the process may use it)."""
-        self._closed = True
-        pending = list(self._futures)
-        for future in pending:
-            future.cancel()
-        concurrent.futures.wait(pending)
+        """Cancels this worker's queued calls, fails its started jobs at the next pass and waits
+        for the running pass; the model thread itself goes on (other services may use it)."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            started = [e.future for e in self._active]
+            if self._alone is not None:
+                started.append(self._alone.future)
+        for entry in waiting:
+            entry.future.cancel()
+            entry.future.set_running_or_notify_cancel()  # marks it cancelled for its waiters
+        concurrent.futures.wait(started)
+
+
+def _rest(entry: _Entry, take: int) -> Feed:
+    """The next `take` tokens of the entry's feed (the feed itself when that is all of it)."""
+    from specdec.ragged import Feed
+
+    feed = entry.feed
+    if entry.fed == 0 and take == len(feed.token_ids):
+        return feed
+    return Feed(feed.cache, feed.token_ids[entry.fed:entry.fed + take], keep_all=feed.keep_all)

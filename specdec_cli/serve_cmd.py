@@ -21,6 +21,7 @@ from specdec.rpc.auth import TOKEN_ENV
 from specdec.rpc.server import ServerConfig, TlsConfig, check_port_free
 from specdec.serving import ServiceConfig
 from specdec.sessions import SessionBudget
+from specdec.worker import BatchLimits
 from specdec_cli.client import DEFAULT_PORTS
 from specdec_cli.flags import HelpFormatter, UsageError, default_of
 
@@ -62,7 +63,8 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--device", default=default_of(ModelConfig, "device"), help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=default_of(ModelConfig, "dtype"),
                         choices=["auto", "float32", "float16", "bfloat16", "float64"],
-                        help="auto: float32 on CPU, bfloat16 on CUDA")
+                        help="auto: bfloat16 on CUDA; on a CPU bfloat16 for a model of 100M+ "
+                             "parameters where the CPU has native bfloat16 instructions, else float32")
     parser.add_argument("--replica-id", default=None, help="this replica's name (default host:port)")
     parser.add_argument("--max-sessions", type=int, default=default_of(SessionBudget, "max_sessions"),
                         help="session budget")
@@ -77,7 +79,13 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--max-context", type=int, default=default_of(ModelConfig, "max_context"),
                         help="longest sequence per session; 0: the model's own limit")
     parser.add_argument("--max-queue", type=int, default=default_of(ServiceConfig, "max_queue"),
-                        help="forward passes waiting before RESOURCE_EXHAUSTED")
+                        help="calls queued or running before RESOURCE_EXHAUSTED")
+    parser.add_argument("--max-pass-tokens", type=int, default=default_of(BatchLimits, "max_pass_tokens"),
+                        help="rows (tokens, all sessions together) of one forward pass; longer "
+                             "prompts are fed in chunks")
+    parser.add_argument("--max-pass-sessions", type=int,
+                        default=default_of(BatchLimits, "max_pass_sessions"),
+                        help="sessions batched into one forward pass")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for forward passes (default: torch's choice)")
     parser.add_argument("--metrics-port", type=int, default=None,
@@ -166,6 +174,7 @@ def run_model_service(args: argparse.Namespace) -> int:
             budget=SessionBudget(args.max_sessions, args.max_cached_tokens, args.session_ttl),
             max_num_speculative_tokens=args.max_num_speculative_tokens,
             max_queue=args.max_queue,
+            batch=BatchLimits(args.max_pass_tokens, args.max_pass_sessions),
         )
         server = server_config(args)
         draft = DraftConfig(top_m=args.top_m) if args.role == "draft" else None

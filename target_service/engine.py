@@ -15,6 +15,7 @@ import torch
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
+from specdec.ragged import Feed, Job
 from specdec.protocol import MAX_DRAFT_TOP_M, Proposal, SparseDistribution, check_token_ids
 from specdec.sampling import (
     SamplingParams,
@@ -46,19 +47,19 @@ class TargetEngine:
 
     def prefill(
         self, token_ids: list[int], sampling: SamplingParams, resume: bool
-    ) -> tuple[TargetSessionState, int | None]:
+    ) -> Job[tuple[TargetSessionState, int | None]]:
         """Feeds the prompt and samples C's first new token (or rebuilds a committed C)."""
         cache = SequenceCache(self.loaded.model)
         if resume:
             if len(token_ids) >= 2:
-                cache.feed(token_ids[:-1])
+                yield Feed(cache, token_ids[:-1])
             return TargetSessionState(cache, token_ids[-1], sampling), None
-        logits = cache.feed(token_ids)[-1:]  # (1, V)
+        logits = yield Feed(cache, token_ids)  # (1, V): the last row
         position = len(token_ids)
         first = self._sample(logits, sampling, keyed_uniform(sampling.seed, position, "target"))
         return TargetSessionState(cache, first, sampling), first
 
-    def verify(self, state: TargetSessionState, proposal: Proposal) -> VerifyOutcome:
+    def verify(self, state: TargetSessionState, proposal: Proposal) -> Job[VerifyOutcome]:
         """One round: feeds [C[-1], d1..dK] in one pass, accepts a prefix, truncates to C'[:-1]."""
         num_speculative_tokens = len(proposal.token_ids)
         committed = state.committed_length
@@ -67,7 +68,8 @@ class TargetEngine:
                 f"verifying {num_speculative_tokens} tokens at length {committed} exceeds the max context "
                 f"{self.loaded.max_context}"
             )
-        logits = state.cache.feed([state.last_token_id, *proposal.token_ids])  # (K + 1, V)
+        rows = [state.last_token_id, *proposal.token_ids]
+        logits = yield Feed(state.cache, rows, keep_all=True)  # (K + 1, V)
         drafts = torch.tensor(proposal.token_ids, dtype=torch.long)  # (K,)
         sampling = state.sampling
         if sampling.greedy:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specdec.models import LoadedModel, tokenizer_files
+from specdec.ragged import Job
 from specdec.protocol import Handle, Proposal, SamplingParams, Timing, VerifyOutcome
 from specdec.serving import ServiceConfig, SessionService
 from target_service.engine import TargetEngine, TargetSessionState
@@ -21,8 +22,8 @@ class TargetService(SessionService[TargetSessionState]):
     ) -> tuple[Handle, int | None, Timing]:
         self.check_prompt(token_ids)
 
-        def build() -> tuple[TargetSessionState, int, int | None]:
-            state, first = self.engine.prefill(token_ids, sampling, resume)
+        def build() -> Job[tuple[TargetSessionState, int, int | None]]:
+            state, first = yield from self.engine.prefill(token_ids, sampling, resume)
             return state, state.committed_length, first
 
         return await self.new_session(session_id, token_ids, build)
@@ -31,8 +32,8 @@ class TargetService(SessionService[TargetSessionState]):
         session = self.store.lookup(handle.session_id, handle.epoch)
         self.engine.validate_proposal(proposal, session.state.sampling)
 
-        def apply(state: TargetSessionState) -> tuple[int, VerifyOutcome]:
-            outcome = self.engine.verify(state, proposal)
+        def apply(state: TargetSessionState) -> Job[tuple[int, VerifyOutcome]]:
+            outcome = yield from self.engine.verify(state, proposal)
             return state.committed_length, outcome
 
         return await self.call(handle, apply)

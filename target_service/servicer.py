@@ -24,8 +24,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         return target_pb2.TargetPrefillResponse(
             handle=convert.handle_to_proto(handle),
             next_token_id=first,
-            compute_seconds=timing.compute_seconds,
-            queue_seconds=timing.queue_seconds,
+            **convert.timing_fields(timing),
         )
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
@@ -41,8 +40,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             num_accepted=outcome.num_accepted,
             next_token_id=outcome.next_token_id,
             acceptance_signal=list(outcome.acceptance_signal),
-            compute_seconds=timing.compute_seconds,
-            queue_seconds=timing.queue_seconds,
+            **convert.timing_fields(timing),
         )
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):

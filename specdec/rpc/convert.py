@@ -7,7 +7,7 @@ import dataclasses
 import secrets
 
 from specdec.errors import InvalidInput
-from specdec.protocol import Handle, ReplicaInfo, SamplingParams, SparseDistribution
+from specdec.protocol import Handle, ReplicaInfo, SamplingParams, SparseDistribution, Timing
 from specdec.v1 import common_pb2
 
 
@@ -72,3 +72,8 @@ def info_to_proto(info: ReplicaInfo) -> common_pb2.InfoResponse:
 def info_from_proto(message: common_pb2.InfoResponse) -> ReplicaInfo:
     values = {f.name: getattr(message, f.name) for f in dataclasses.fields(ReplicaInfo)}
     return ReplicaInfo(**{**values, "eos_token_ids": tuple(message.eos_token_ids)})
+
+
+def timing_fields(timing: Timing) -> dict[str, float]:
+    """A service's Timing as the fields every Prefill / Propose / Verify response carries."""
+    return {field.name: getattr(timing, field.name) for field in dataclasses.fields(timing)}

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"j\n\x13\x44raftPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\"q\n\x14\x44raftPrefillResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x63ompute_seconds\x18\x02 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x03 \x01(\x01\"|\n\x0eProposeRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x1f\n\x17new_committed_token_ids\x18\x02 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\x05\"\xd6\x01\n\x0fProposeResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12\x12\n\nfed_tokens\x18\x06 \x01(\x05\x32\x9f\x02\n\x0c\x44raftService\x12L\n\x07Prefill\x12\x1f.specdec.v1.DraftPrefillRequest\x1a .specdec.v1.DraftPrefillResponse\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"j\n\x13\x44raftPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\"\x9b\x01\n\x14\x44raftPrefillResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x63ompute_seconds\x18\x02 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x03 \x01(\x01\x12\x11\n\tpass_rows\x18\x04 \x01(\x01\x12\x15\n\rpass_sessions\x18\x05 \x01(\x01\"|\n\x0eProposeRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x1f\n\x17new_committed_token_ids\x18\x02 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\x05\"\x80\x02\n\x0fProposeResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12\x12\n\nfed_tokens\x18\x06 \x01(\x05\x12\x11\n\tpass_rows\x18\x07 \x01(\x01\x12\x15\n\rpass_sessions\x18\x08 \x01(\x01\x32\x9f\x02\n\x0c\x44raftService\x12L\n\x07Prefill\x12\x1f.specdec.v1.DraftPrefillRequest\x1a .specdec.v1.DraftPrefillResponse\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DRAFTPREFILLREQUEST']._serialized_start=63
   _globals['_DRAFTPREFILLREQUEST']._serialized_end=169
-  _globals['_DRAFTPREFILLRESPONSE']._serialized_start=171
-  _globals['_DRAFTPREFILLRESPONSE']._serialized_end=284
-  _globals['_PROPOSEREQUEST']._serialized_start=286
-  _globals['_PROPOSEREQUEST']._serialized_end=410
-  _globals['_PROPOSERESPONSE']._serialized_start=413
-  _globals['_PROPOSERESPONSE']._serialized_end=627
-  _globals['_DRAFTSERVICE']._serialized_start=630
-  _globals['_DRAFTSERVICE']._serialized_end=917
+  _globals['_DRAFTPREFILLRESPONSE']._serialized_start=172
+  _globals['_DRAFTPREFILLRESPONSE']._serialized_end=327
+  _globals['_PROPOSEREQUEST']._serialized_start=329
+  _globals['_PROPOSEREQUEST']._serialized_end=453
+  _globals['_PROPOSERESPONSE']._serialized_start=456
+  _globals['_PROPOSERESPONSE']._serialized_end=712
+  _globals['_DRAFTSERVICE']._serialized_start=715
+  _globals['_DRAFTSERVICE']._serialized_end=1002
 # @@protoc_insertion_point(module_scope)

@@ -18,14 +18,18 @@ class DraftPrefillRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class DraftPrefillResponse(_message.Message):
-    __slots__ = ("handle", "compute_seconds", "queue_seconds")
+    __slots__ = ("handle", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     compute_seconds: float
     queue_seconds: float
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+    pass_rows: float
+    pass_sessions: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("handle", "new_committed_token_ids", "num_speculative_tokens")
@@ -38,17 +42,21 @@ class ProposeRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., new_committed_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("handle", "draft_token_ids", "draft_distributions", "compute_seconds", "queue_seconds", "fed_tokens")
+    __slots__ = ("handle", "draft_token_ids", "draft_distributions", "compute_seconds", "queue_seconds", "fed_tokens", "pass_rows", "pass_sessions")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     compute_seconds: float
     queue_seconds: float
     fed_tokens: int
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., fed_tokens: _Optional[int] = ...) -> None: ...
+    pass_rows: float
+    pass_sessions: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., fed_tokens: _Optional[int] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...

@@ -20,16 +20,20 @@ class TargetPrefillRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class TargetPrefillResponse(_message.Message):
-    __slots__ = ("handle", "next_token_id", "compute_seconds", "queue_seconds")
+    __slots__ = ("handle", "next_token_id", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     next_token_id: int
     compute_seconds: float
     queue_seconds: float
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., next_token_id: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+    pass_rows: float
+    pass_sessions: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., next_token_id: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("handle", "draft_token_ids", "draft_distributions")
@@ -42,20 +46,24 @@ class VerifyRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("handle", "num_accepted", "next_token_id", "acceptance_signal", "compute_seconds", "queue_seconds")
+    __slots__ = ("handle", "num_accepted", "next_token_id", "acceptance_signal", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     num_accepted: int
     next_token_id: int
     acceptance_signal: _containers.RepeatedScalarFieldContainer[float]
     compute_seconds: float
     queue_seconds: float
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., acceptance_signal: _Optional[_Iterable[float]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+    pass_rows: float
+    pass_sessions: float
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., acceptance_signal: _Optional[_Iterable[float]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...
 
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()

@@ -15,10 +15,12 @@ def _assert_cache_is_fresh_prefill(cache: SequenceCache, model, expected_ids: li
     assert cache.token_ids == expected_ids
     fresh = SequenceCache(model)
     fresh.feed(expected_ids)
-    assert cache._cache.get_seq_length() == len(expected_ids)
-    for layer, fresh_layer in zip(cache._cache.layers, fresh._cache.layers):
-        torch.testing.assert_close(layer.keys, fresh_layer.keys, rtol=0, atol=1e-10)
-        torch.testing.assert_close(layer.values, fresh_layer.values, rtol=0, atol=1e-10)
+    assert len(cache) == len(fresh) == len(expected_ids)
+    for layer in range(cache.num_layers):
+        (keys, values), (fresh_keys, fresh_values) = cache.layer(layer), fresh.layer(layer)
+        assert keys.shape[2] == len(expected_ids)
+        torch.testing.assert_close(keys, fresh_keys, rtol=0, atol=1e-10)
+        torch.testing.assert_close(values, fresh_values, rtol=0, atol=1e-10)
 
 
 async def _rounds(stack, schedule: list[int], sampling: SamplingParams, session_id: str):

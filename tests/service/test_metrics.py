@@ -33,5 +33,10 @@ def test_metrics_report_sessions_and_tokens(stack, loop_thread):
     during = _scrape(port)
     assert during["specdec_active_sessions"] == before["specdec_active_sessions"] + 1
     assert during["specdec_cached_tokens"] >= before["specdec_cached_tokens"] + 4
+    # The prefill's pass: batch size and tokens of the last pass, and the running totals.
+    assert during["specdec_forward_passes_total"] >= before["specdec_forward_passes_total"] + 1
+    assert during["specdec_pass_rows_total"] >= before["specdec_pass_rows_total"] + 4
+    assert during["specdec_pass_sessions_total"] >= before["specdec_pass_sessions_total"] + 1
+    assert during["specdec_batch_size"] >= 1 and during["specdec_tokens_per_pass"] >= 1
     loop_thread.run(stack.target.release("metrics-probe"))
     assert _scrape(port)["specdec_active_sessions"] == before["specdec_active_sessions"]

@@ -1,10 +1,12 @@
-"""specdec.attention: sdpa that keeps grouped-query key/value heads under a mask gives the logits
-Hugging Face's sdpa gives, token for token, and load_model uses it only where it applies."""
+"""specdec.attention: the services' ragged attention gives the logits Hugging Face's sdpa gives,
+token for token, and its plain-forward fallback (sdpa that keeps grouped-query key/value heads
+under a mask) does too; load_model switches every model to it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from specdec import attention
 from specdec.kv_cache import SequenceCache
@@ -13,32 +15,52 @@ from specdec.models import ModelConfig, load_model
 from tests import tiny_models
 
 
-def _feeds(model, implementation: str, context: list[int], rows: list[int]) -> list[torch.Tensor]:
-    """Logits of feeding `rows` tokens (each a separate pass) after `context`, then a long pass."""
+def _hf_feeds(model, implementation: str, context: list[int], rows: list[int]) -> list[torch.Tensor]:
+    """Logits of feeding `context`, then `rows` tokens (each a separate pass), through Hugging
+    Face's own cache and forward with the given attention implementation."""
     model.set_attn_implementation(implementation)
-    cache = SequenceCache(model)
-    out = [cache.feed(context)]
-    for n in rows:
-        out.append(cache.feed(list(range(5, 5 + n))))
+    cache = DynamicCache(config=model.config)
+    out = []
+    for tokens in [context, *(list(range(5, 5 + n)) for n in rows)]:
+        logits = model(input_ids=torch.tensor([tokens]), cache=cache, use_cache=True).logits[0]
+        out.append(logits)
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_grouped_query_logits_equal_hf_sdpa(dtype):
-    model = tiny_models.make_model(seed=3, num_attention_heads=4, num_key_value_heads=2).to(dtype)
-    model.set_attn_implementation("sdpa")
-    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped
-    context, rows = [1, *range(10, 40)], [1, 2, 3, 5, 9]
-    expected = _feeds(model, "sdpa", context, rows)
-    got = _feeds(model, attention.NAME, context, rows)
-    for want, have in zip(expected, got):
+def _ragged_feeds(model, context: list[int], rows: list[int]) -> list[torch.Tensor]:
+    attention.use_ragged(model)
+    cache = SequenceCache(model)
+    return [cache.feed(context), *(cache.feed(list(range(5, 5 + n))) for n in rows)]
+
+
+def _assert_same(got: list[torch.Tensor], expected: list[torch.Tensor], dtype: torch.dtype) -> None:
+    for want, have in zip(expected, got, strict=True):
         assert want.shape == have.shape
         torch.testing.assert_close(have, want, rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-12)
         assert torch.equal(have.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ragged_logits_equal_hf_sdpa(dtype):
+    model = tiny_models.make_model(seed=3, num_attention_heads=4, num_key_value_heads=2).to(dtype)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped
+    context, rows = [1, *range(10, 40)], [1, 2, 3, 5, 9]
+    expected = _hf_feeds(model, "sdpa", context, rows)
+    _assert_same(_ragged_feeds(model, context, rows), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plain_forward_fallback_equals_hf_sdpa(dtype):
+    """Without a ragged batch (Hugging Face's generate, say) the implementation is sdpa that keeps
+    key/value heads grouped under a mask: same logits as Hugging Face's."""
+    model = tiny_models.make_model(seed=3, num_attention_heads=4, num_key_value_heads=2).to(dtype)
+    context, rows = [1, *range(10, 40)], [1, 2, 3, 5, 9]
+    expected = _hf_feeds(model, "sdpa", context, rows)
+    _assert_same(_hf_feeds(model, attention.RAGGED, context, rows), expected, dtype)
+
+
 def test_the_multi_token_path_is_the_one_taken(monkeypatch):
-    """Without this, the test above could pass with every call handed back to HF's function."""
+    """Without this, the fallback test could pass with every call handed back to HF's function."""
     model = tiny_models.make_model(seed=3, num_attention_heads=4, num_key_value_heads=2)
     delegated: list[int] = []
     original = attention.sdpa_attention_forward
@@ -48,23 +70,27 @@ def test_the_multi_token_path_is_the_one_taken(monkeypatch):
         return original(module, query, *args, **kwargs)
 
     monkeypatch.setattr(attention, "sdpa_attention_forward", counting)
-    model.set_attn_implementation(attention.NAME)
-    cache = SequenceCache(model)
-    cache.feed([1, *range(10, 20)])  # a prompt: no mask (causal), HF's own path
+    model.set_attn_implementation(attention.RAGGED)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([[1, *range(10, 20)]]), cache=cache, use_cache=True)  # HF's path
     prompt_calls = len(delegated)
-    cache.feed([5, 6, 7])  # three tokens after a cache: a mask, specdec's path
+    model(input_ids=torch.tensor([[5, 6, 7]]), cache=cache, use_cache=True)  # a mask: specdec's
     assert prompt_calls == model.config.num_hidden_layers
+    assert len(delegated) == prompt_calls
+    SequenceCache(model).feed([1, 2, 3])  # a ragged pass never delegates
     assert len(delegated) == prompt_calls
 
 
-def test_load_model_switches_cpu_sdpa_models(tmp_path):
+def test_load_model_switches_to_ragged_attention(tmp_path):
     model_dir = tiny_models.save(tiny_models.make_model(seed=1), tmp_path / "m", with_tokenizer=False)
     loaded = load_model(ModelConfig(str(model_dir), "target"))
-    assert loaded.model.config._attn_implementation == attention.NAME
+    assert loaded.model.config._attn_implementation == attention.RAGGED
 
 
-def test_other_implementations_are_left_alone():
+def test_a_pass_refuses_a_model_without_ragged_attention():
     model = tiny_models.make_model(seed=1)
     model.set_attn_implementation("eager")
-    attention.use_on_cpu(model)
-    assert model.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match="specdec_ragged"):
+        SequenceCache(model).feed([1, 2, 3])
+    attention.use_ragged(model)
+    assert SequenceCache(model).feed([1, 2, 3]).shape[0] == 3
