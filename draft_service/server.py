@@ -38,8 +38,9 @@ async def serve(
     async def start_loaded(loaded: LoadedModel, running: RunningServer) -> DraftService:
         service = (await start(loaded, service_config, server_config, running, draft_config))[1]
         if metrics_port is not None:
-            port = start_metrics_server(metrics_port, server_config.host, service.info)
-            log.info("metrics on http://%s:%d/metrics", server_config.host, port)
+            running.metrics_port = start_metrics_server(metrics_port, server_config.host,
+                                                        service.info, service.worker)
+            log.info("metrics on http://%s:%d/metrics", server_config.host, running.metrics_port)
         return service
 
     await serve_model_until_signal(

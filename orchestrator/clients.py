@@ -36,6 +36,7 @@ from specdec.protocol import (
 )
 from specdec.rpc import convert
 from specdec.rpc.server import TlsConfig, channel_options
+from specdec.tracing import client_interceptors
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 Response = TypeVar("Response")
@@ -78,11 +79,13 @@ def open_channel(address: str, tls: TlsConfig | None, max_message_bytes: int) ->
         ("grpc.min_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]
+    interceptors = client_interceptors(address)  # trace context to the replica, when tracing is on
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options,
+                                   interceptors=interceptors)
 
 
 def domain_error(address: str, error: grpc.aio.AioRpcError) -> SpecdecError:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.k_policy import KPolicy, RoundObservation
+from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pool import ReplicaPool
 from orchestrator.recovery import SessionReplicas
-from orchestrator.stats import GenerationStats
+from orchestrator.stats import GenerationStats, StatsObserver
 from orchestrator.text import Decoder, TextStream
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.protocol import CallTiming, Proposal, Reply, SamplingParams, VerifyOutcome
@@ -68,6 +69,8 @@ class Generation:
         draft_pool: ReplicaPool[DraftClient],
         tokenizer: Decoder | None,
         limits: GenerationLimits,
+        observer: StatsObserver | None = None,
+        local_draft: LocalDraft | None = None,
     ) -> None:
         if len(request.prompt_token_ids) >= limits.max_context:
             raise OutOfRange(f"the prompt has {len(request.prompt_token_ids)} tokens; the max context "
@@ -77,14 +80,19 @@ class Generation:
         self.limits = limits
         self.committed: list[int] = list(request.prompt_token_ids)
         self.text = TextStream(tokenizer, request.stop)
-        self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids))
+        self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids), observer=observer)
         self.replicas = SessionReplicas(uuid.uuid4().hex, request.sampling, target_pool, draft_pool,
                                         self.stats, limits.draft_retry_rounds)
+        # A model-free draft (orchestrator/local_draft.py); hybrid also keeps the model draft.
+        self.local_draft = local_draft if request.speculate else None
+        self.uses_model_draft = request.speculate and (local_draft is None or local_draft.uses_model)
+        if self.local_draft is not None and not self.uses_model_draft:
+            self.stats.draft_replica = f"local:{self.local_draft.method}"
 
     async def run(self) -> AsyncIterator[Chunk]:
         started = time.perf_counter()
         try:
-            first = await self.replicas.prefill(self.committed, self.request.speculate)
+            first = await self.replicas.prefill(self.committed, self.uses_model_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             chunk = self._commit([first])
             while chunk.finish_reason is None:
@@ -92,27 +100,46 @@ class Generation:
                 chunk = self._commit(await self._round())
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
+            if self.local_draft is not None:
+                self.local_draft.finish(self.committed, self.stats.prompt_tokens)
             yield Chunk(chunk.token_ids, chunk.text + self.text.flush(), chunk.finish_reason, self.stats)
         finally:
             self.replicas.release_all()
 
     async def _round(self) -> list[int]:
         """One guess-verify round; returns the tokens it commits (accepted drafts + next token)."""
-        if self.request.speculate and not self.replicas.has_draft:
+        if self.uses_model_draft and not self.replicas.has_draft:
             await self.replicas.reattach_draft_if_due(self.committed)
-        max_num_speculative_tokens = self._max_num_speculative_tokens() if self.replicas.has_draft else 0
+        can_draft = self.local_draft is not None or self.replicas.has_draft
+        max_num_speculative_tokens = self._max_num_speculative_tokens() if can_draft else 0
         num_speculative_tokens = self.policy.choose(max_num_speculative_tokens)
-        proposed = None
+        proposed, method = None, ""
         if num_speculative_tokens > 0:
-            proposed = await self.replicas.propose(self.committed, num_speculative_tokens)
-        if self.request.speculate and not self.replicas.has_draft:
+            proposed, method = await self._propose(num_speculative_tokens)
+        if self.uses_model_draft and not self.replicas.has_draft:
             self.stats.draft_unavailable_rounds += 1
         proposal = proposed.value if proposed else NO_PROPOSAL
         verified = await self.replicas.verify(self.committed, proposal)
         outcome = verified.value
         self.stats.add_round(proposal.num_speculative_tokens, outcome.num_accepted, outcome.num_accepted + 1)
+        if proposal.num_speculative_tokens:
+            self.stats.add_method_round(method, proposal.num_speculative_tokens, outcome.num_accepted)
         self.policy.observe(_observation(proposed, verified))
         return [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
+
+    async def _propose(self, num_speculative_tokens: int) -> tuple[Reply[Proposal] | None, str]:
+        """Up to num_speculative_tokens drafts and the method that proposed them: the lookup's
+        (none on no match: the round runs at K = 0), or for hybrid the model's where the lookup's
+        match is weak (and the lookup's, weak or not, while no draft replica serves)."""
+        if self.local_draft is not None:
+            found, seconds = self.local_draft.lookup(self.committed, num_speculative_tokens)
+            if self.local_draft.takes(found) or (found.token_ids and not self.replicas.has_draft):
+                self.stats.draft_seconds += seconds  # no hop: no call for the observer either
+                return lookup_reply(found, self.request.sampling, self.replicas.session_id,
+                                    len(self.committed), seconds), self.local_draft.lookup_method
+        if self.replicas.has_draft:
+            return await self.replicas.propose(self.committed, num_speculative_tokens), "model"
+        return None, ""
 
     def _max_num_speculative_tokens(self) -> int:
         """K <= the servers' limit, the tokens still to generate minus one, the context left minus one."""

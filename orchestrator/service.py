@@ -16,7 +16,9 @@ from orchestrator.generation import Chunk, Generation, GenerationLimits, Generat
 from orchestrator.k_controller import AdaptiveKController, KControllerConfig
 from orchestrator.k_estimates import ControllerPriors
 from orchestrator.k_policy import SPECULATION_MODES, FixedK, HeuristicK, KPolicy, Speculation, SpeculationMode
+from orchestrator.local_draft import LocalDrafts, LookupConfig, NoReplicas, draft_method_of
 from orchestrator.pool import PoolConfig, ReplicaPool
+from orchestrator.telemetry import Telemetry
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
 from specdec.models import load_tokenizer, tokenizer_from_files, tokenizer_hash
 from specdec.protocol import ReplicaInfo, SamplingParams, check_compatible, check_token_ids
@@ -36,8 +38,12 @@ class OrchestratorConfig:
     default_max_new_tokens: int = 256
     startup_timeout_seconds: float = 120.0  # waiting for the pools to answer at start
     pool: PoolConfig = field(default_factory=PoolConfig)
+    # "" (from --draft: local:ngram / local:suffix, else model), model, ngram, suffix or hybrid
+    draft_method: str = ""
+    lookup: LookupConfig = field(default_factory=LookupConfig)  # the model-free drafts
 
     def __post_init__(self) -> None:
+        draft_method_of(self.draft, self.draft_method)  # raises ValueError on a bad pair
         if self.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {SPECULATION_MODES}, got {self.speculation!r}")
         if not 0 <= self.num_speculative_tokens <= 256:
@@ -62,11 +68,17 @@ class OrchestratorService:
         self.config = config
         self.reference: ReplicaInfo | None = None  # the target model's identity
         self.target_pool = ReplicaPool(TargetClient, make_source(config.target), config.pool, self._check)
-        self.draft_pool = ReplicaPool(DraftClient, make_source(config.draft), config.pool, self._check)
+        self.draft_method = draft_method_of(config.draft, config.draft_method)
+        # A lookup draft alone (--draft local:METHOD) runs here: the draft pool stays empty.
+        self.model_draft = self.draft_method in ("model", "hybrid")
+        draft_source = make_source(config.draft) if self.model_draft else NoReplicas(f"local:{self.draft_method}")
+        self.draft_pool = ReplicaPool(DraftClient, draft_source, config.pool, self._check)
+        self.local_drafts = LocalDrafts(self.draft_method, config.lookup)
         self.tokenizer = None
         # Pool-wide estimates that seed each new session's controller, kept apart for greedy and
         # sampled requests: their acceptance rates differ (timings are learnt in both).
         self.controller_priors = {"greedy": ControllerPriors(), "sampled": ControllerPriors()}
+        self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -77,7 +89,7 @@ class OrchestratorService:
         deadline, next_note = started + self.config.startup_timeout_seconds, started + 5.0
         await self.target_pool.refresh()
         await self.draft_pool.refresh()
-        while not self._answered(self.target_pool) or not self._answered(self.draft_pool):
+        while not self._answered(self.target_pool) or (self.model_draft and not self._answered(self.draft_pool)):
             if time.monotonic() > deadline:
                 break
             if time.monotonic() >= next_note:  # say what it waits for: a silent start looks hung
@@ -98,10 +110,11 @@ class OrchestratorService:
             refused = [r.refused for r in pool.replicas.values() if r.refused]
             if refused and not pool.usable_count():
                 raise IncompatibleModels(refused[0])
-        if not self.draft_pool.usable_count():
+        if self.model_draft and not self.draft_pool.usable_count():
             log.warning("no draft replica answered at %s: decoding at K = 0 until one does",
                         self.config.draft)
         self.tokenizer = await self._load_tokenizer()
+        self.telemetry.bind(self.reference.model_id)
         await self.target_pool.start()
         await self.draft_pool.start()
 
@@ -209,7 +222,9 @@ class OrchestratorService:
         stop: Sequence[str] = (),
         speculation: Speculation = Speculation(),
     ) -> AsyncIterator[Chunk]:
-        """One request, validated here and streamed by the loop (orchestrator/generation.py)."""
+        """One request, validated here and streamed by the loop (orchestrator/generation.py),
+        recorded in metrics and traces (orchestrator/telemetry.py) from its arrival, now."""
+        arrived = time.perf_counter()
         policy = self.policy(speculation, greedy=sampling.greedy)
         if any(not s for s in stop):
             raise InvalidInput("stop strings must not be empty")
@@ -222,6 +237,7 @@ class OrchestratorService:
             stop=tuple(stop),
             speculate=(speculation.mode or self.config.speculation) != "off",
         )
+        recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
-                                self.limits())
-        return generation.run()
+                                self.limits(), observer=recorder, local_draft=self.local_drafts.session())
+        return recorder.stream(generation.run(), generation.stats)

@@ -110,4 +110,6 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         draft_replica=stats.draft_replica,
         controller_estimates=stats.controller_estimates,
         num_accepted_per_round=stats.num_accepted_per_round,
+        drafted_tokens_by_method=stats.drafted_by_method,
+        accepted_tokens_by_method=stats.accepted_by_method,
     )

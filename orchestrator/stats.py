@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from specdec.protocol import CallTiming
+
+
+class StatsObserver(Protocol):
+    """Told of each call and round as the stats take them (orchestrator/telemetry.py's metrics)."""
+
+    def call(self, hop: str, timing: CallTiming) -> None: ...
+
+    def round(self, num_speculative_tokens: int, num_accepted: int) -> None: ...
 
 
 @dataclass
@@ -27,22 +36,36 @@ class GenerationStats:
     target_replica: str = ""
     draft_replica: str = ""
     controller_estimates: dict[str, float] = field(default_factory=dict)
+    # By the method that proposed them ("model", "ngram", "suffix"): drafted and accepted tokens.
+    drafted_by_method: dict[str, int] = field(default_factory=dict)
+    accepted_by_method: dict[str, int] = field(default_factory=dict)
+    observer: StatsObserver | None = field(default=None, repr=False, compare=False)
 
     def add_draft_call(self, timing: CallTiming) -> None:
         self.draft_seconds += timing.compute_seconds
         self.network_seconds += timing.network_seconds
+        if self.observer is not None:
+            self.observer.call("draft", timing)
 
     def add_target_call(self, timing: CallTiming) -> None:
         self.verify_seconds += timing.compute_seconds
         self.network_seconds += timing.network_seconds
+        if self.observer is not None:
+            self.observer.call("target", timing)
 
     def add_round(self, num_speculative_tokens: int, num_accepted: int, committed: int) -> None:
+        if self.observer is not None:
+            self.observer.round(num_speculative_tokens, num_accepted)
         self.rounds += 1
         self.num_speculative_tokens_per_round.append(num_speculative_tokens)
         self.num_accepted_per_round.append(num_accepted)
         self.drafted_tokens += num_speculative_tokens
         self.accepted_tokens += num_accepted
         self.committed_in_rounds += committed
+
+    def add_method_round(self, method: str, num_speculative_tokens: int, num_accepted: int) -> None:
+        self.drafted_by_method[method] = self.drafted_by_method.get(method, 0) + num_speculative_tokens
+        self.accepted_by_method[method] = self.accepted_by_method.get(method, 0) + num_accepted
 
     @property
     def mean_accepted_length(self) -> float:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from specdec.errors import Overloaded
 
@@ -73,6 +73,14 @@ class PassCounters:
     passes_total: int = 0
     pass_rows_total: int = 0
     pass_sessions_total: int = 0
+
+
+class PassObserver(Protocol):
+    """Told of every forward pass and every call's wait, on the model thread (metrics)."""
+
+    def pass_ran(self, rows: int, sessions: int, seconds: float) -> None: ...
+
+    def call_started(self, queue_seconds: float) -> None: ...
 
 
 _model_thread: ThreadPoolExecutor | None = None
@@ -141,6 +149,7 @@ class ModelWorker:
         self._closed = False
         self._alone: _Entry | None = None  # the plain call running, if any
         self.counters = PassCounters()
+        self.observer: PassObserver | None = None
 
     @property
     def load(self) -> float:
@@ -228,6 +237,7 @@ class ModelWorker:
 
     def _run_alone(self, entry: _Entry) -> None:
         entry.first_pass = time.perf_counter()
+        self._started(entry)
         try:
             value = entry.fn()
         except Exception as error:  # handed to the caller
@@ -243,6 +253,7 @@ class ModelWorker:
         for entry in entries:
             if entry.job is None:
                 entry.first_pass = started
+                self._started(entry)
                 entry.job = entry.make_job()
                 self._advance(entry, None)
         chosen = self._choose([e for e in entries if not e.future.done()])
@@ -261,6 +272,8 @@ class ModelWorker:
         self.counters = PassCounters(rows, len(feeds), counters.passes_total + 1,
                                      counters.pass_rows_total + rows,
                                      counters.pass_sessions_total + len(feeds))
+        if self.observer is not None:
+            self.observer.pass_ran(rows, len(feeds), seconds)
         for (entry, feed), entry_logits in zip(chosen, logits):
             entry.compute_seconds += seconds
             entry.passes += 1
@@ -269,6 +282,10 @@ class ModelWorker:
             entry.fed += len(feed.token_ids)
             if entry.fed == len(entry.feed.token_ids):
                 self._advance(entry, entry_logits)
+
+    def _started(self, entry: _Entry) -> None:
+        if self.observer is not None:
+            self.observer.call_started(entry.first_pass - entry.submitted)
 
     def _choose(self, entries: list[_Entry]) -> list[tuple[_Entry, Feed]]:
         """This pass's feeds within the budget: decode-sized feeds (and any feed whose every row's

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from specdec_cli.flags import UsageError
 
 READY = re.compile(r"^READY (\w+) (\S+):(\d+)")
+READY_METRICS = re.compile(r" metrics=(\d+)")
 
 
 class ServiceDidNotStart(UsageError):
@@ -36,6 +37,14 @@ class ServiceProcess:
     process: subprocess.Popen
     address: str = ""
     lines: deque = field(default_factory=lambda: deque(maxlen=200))
+    metrics_port: int | None = None  # from the READY line, when started with --metrics-port
+
+    @property
+    def metrics_url(self) -> str | None:
+        """http://HOST:PORT/metrics of its Prometheus endpoint, if it serves one."""
+        if self.metrics_port is None:
+            return None
+        return f"http://{self.address.rsplit(':', 1)[0]}:{self.metrics_port}/metrics"
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (the service drains), then SIGKILL after timeout."""
@@ -88,6 +97,8 @@ def start_service(
             match = READY.match(line)
             if match and not ready.is_set():
                 service.address = f"{match.group(2)}:{match.group(3)}"
+                metrics = READY_METRICS.search(line)
+                service.metrics_port = int(metrics.group(1)) if metrics else None
                 ready.set()
 
     reader = threading.Thread(target=pump, daemon=True)

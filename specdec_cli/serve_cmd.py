@@ -14,6 +14,8 @@ from pathlib import Path
 from draft_service.service import DraftConfig
 from orchestrator.clients import RpcTimeouts
 from orchestrator.k_policy import SPECULATION_MODES
+from orchestrator.local_draft import LookupConfig
+from orchestrator.lookup import DRAFT_METHODS, SUFFIX_CACHE_MODES
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.models import ModelConfig
@@ -55,6 +57,9 @@ def _server_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--tls-key", type=Path, help="PEM private key of this server")
     parser.add_argument("--tls-ca", type=Path,
                         help="PEM CA bundle; a server requires client certificates signed by it")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics on this HTTP port at /metrics (0: a free "
+                             "one, named in the READY line); see deploy/README.md for the names")
 
 
 def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
@@ -88,8 +93,6 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="sessions batched into one forward pass")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for forward passes (default: torch's choice)")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve Prometheus metrics (specdec_active_sessions, ...) on this HTTP port")
     if role == "draft":
         parser.add_argument("--top-m", type=int, default=default_of(DraftConfig, "top_m"),
                             help="entries of each draft distribution sent when sampling (default "
@@ -97,7 +100,15 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
 
 
 def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft", required=True, help="draft replicas: host:port[,host:port], dns:///name:port or k8s://namespace/service:port")
+    parser.add_argument("--draft", required=True, help="draft replicas: host:port[,host:port], dns:///name:port or k8s://namespace/service:port; "
+                                                        "or local:ngram / local:suffix, a model-free draft run in the orchestrator (no draft replicas)")
+    parser.add_argument("--draft-method", choices=DRAFT_METHODS, default=None,
+                        help="model: the draft replicas propose (the default with an address); "
+                             "hybrid: the suffix lookup where its match is strong, the draft "
+                             "replicas otherwise; ngram / suffix: as --draft local:METHOD")
+    parser.add_argument("--suffix-cache", choices=SUFFIX_CACHE_MODES, default=default_of(LookupConfig, "suffix_cache"),
+                        help="what the suffix lookup knows: the request's own tokens (session), or "
+                             "also a bounded cache of recent outputs of all requests (shared)")
     parser.add_argument("--target", required=True, help="target replicas: host:port[,host:port], dns:///name:port or k8s://namespace/service:port")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="tokenizer directory (default: fetched from a target replica)")
@@ -119,9 +130,16 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
                              "treated as failed")
     parser.add_argument("--control-timeout", type=float, default=default_of(RpcTimeouts, "control_seconds"),
                         help="deadline of Info, Release and GetTokenizer")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="also serve the OpenAI-compatible HTTP API (/v1/completions, "
+                             "/v1/chat/completions, /v1/models) on this port; 0 picks a free one "
+                             "(default: no HTTP API)")
+    parser.add_argument("--http-host", default=None,
+                        help="address the HTTP API binds (default: --host)")
     parser.add_argument("--auth-token-file", type=Path, default=None,
-                        help=f"clients of the API must send 'authorization: Bearer <token>' with "
-                             f"the token in this file (default: ${TOKEN_ENV} if set, else no token)")
+                        help=f"clients of the API (gRPC and HTTP) must send 'authorization: Bearer "
+                             f"<token>' with the token in this file (default: ${TOKEN_ENV} if set, "
+                             f"else no token)")
     parser.add_argument("--upstream-tls-cert", type=Path, default=None,
                         help="client certificate shown to the draft and target replicas "
                              "(default: --tls-cert)")
@@ -162,6 +180,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def run_model_service(args: argparse.Namespace) -> int:
     if args.metrics_port:  # the service port and the health port are checked before the model loads
         check_port_free(args.host, args.metrics_port)
+    start_tracing(f"specdec-{args.role}")
     if args.threads is not None:
         import torch
 
@@ -181,12 +200,33 @@ def run_model_service(args: argparse.Namespace) -> int:
     if args.role == "target":
         from target_service.server import serve
 
-        asyncio.run(serve(model, service, server, args.metrics_port))
+        with tracing_flushed():
+            asyncio.run(serve(model, service, server, args.metrics_port))
     else:
         from draft_service.server import serve
 
-        asyncio.run(serve(model, service, server, args.metrics_port, draft))
+        with tracing_flushed():
+            asyncio.run(serve(model, service, server, args.metrics_port, draft))
     return 0
+
+
+def start_tracing(service_name: str) -> None:
+    """OpenTelemetry traces, if the OTEL_* environment asks for them (specdec/tracing.py)."""
+    from specdec.tracing import configure_tracing
+
+    with flag_values():
+        configure_tracing(service_name)
+
+
+@contextmanager
+def tracing_flushed() -> Iterator[None]:
+    """Exports the spans still buffered when the server stops."""
+    from specdec.tracing import shutdown_tracing
+
+    try:
+        yield
+    finally:
+        shutdown_tracing()
 
 
 @contextmanager
@@ -207,6 +247,8 @@ def orchestrator_config(args: argparse.Namespace) -> OrchestratorConfig:
     return OrchestratorConfig(
         draft=args.draft,
         target=args.target,
+        draft_method=args.draft_method or "",
+        lookup=LookupConfig(suffix_cache=args.suffix_cache),
         tokenizer=args.tokenizer,
         speculation=args.speculation,
         num_speculative_tokens=args.num_speculative_tokens,
@@ -251,10 +293,15 @@ def run_orchestrator(args: argparse.Namespace) -> int:
     with flag_values():
         config = server_config(args)
         orchestrator = orchestrator_config(args)
+        http = http_config(args, config, token)
     if token is not None:
         config = dataclasses.replace(config, interceptors=(BearerTokenInterceptor(token),))
+    if args.metrics_port:  # before the wait for the pools
+        check_port_free(args.host, args.metrics_port)
+    start_tracing("specdec-orchestrator")
     try:
-        asyncio.run(serve(orchestrator, config))
+        with tracing_flushed():
+            asyncio.run(serve(orchestrator, config, metrics_port=args.metrics_port, http=http))
     except asyncio.CancelledError:  # SIGTERM or SIGINT before it was up (specdec.rpc.server)
         print("specdec: orchestrator stopped by a signal before it was ready", flush=True)
         return 0
@@ -262,3 +309,16 @@ def run_orchestrator(args: argparse.Namespace) -> int:
         print(f"specdec: orchestrator cannot start: {error}", flush=True)
         return 2
     return 0
+
+
+def http_config(args: argparse.Namespace, server: ServerConfig, token: str | None):
+    """The HTTP API's settings, None without --http-port: the gRPC port's host (unless
+    --http-host), bearer token and TLS (HTTPS, client certificates when --tls-ca)."""
+    if args.http_port is None:
+        if args.http_host is not None:
+            raise UsageError("--http-host needs --http-port")
+        return None
+    from orchestrator.http_api import HttpConfig
+
+    return HttpConfig(host=args.http_host or args.host, port=args.http_port, auth_token=token,
+                      tls=server.tls)

@@ -16,6 +16,8 @@ from specdec.rpc.server import check_port_free
 from specdec_cli.client import DEFAULT_PORTS
 from specdec_cli.processes import ServiceProcess, start_service
 
+DEFAULT_HTTP_PORT = 8000  # `specdec up`'s OpenAI-compatible HTTP API
+
 # (role, the arguments of `specdec serve ROLE`, environment additions or None)
 ServiceCommand = tuple[str, list[str], dict[str, str] | None]
 Result = TypeVar("Result")
@@ -111,6 +113,7 @@ class StackConfig:
     max_num_speculative_tokens: int | None = None
     echo: bool = True  # copy the services' output to stderr, each line prefixed with its role
     threads: int | None = None  # torch threads of each model service
+    http_port: int | None = None  # the orchestrator's OpenAI-compatible HTTP API; None: none
 
 
 def _flags(**values: object) -> list[str]:
@@ -123,18 +126,21 @@ def _flags(**values: object) -> list[str]:
 def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
     """Starts target and draft (concurrently), then the orchestrator; stops all on exit."""
     check_port_free(config.host, config.port)  # before minutes of loading models
+    if config.http_port is not None:
+        check_port_free(config.host, config.http_port)
     with ExitStack() as stack:
         common = _flags(device=config.device, dtype=config.dtype, host=config.host, port=0,
-                        threads=config.threads)
+                        threads=config.threads, metrics_port=0)
         target, draft = start_services(stack, [
             ("target", ["--model", config.target, *common], None),
             ("draft", ["--model", config.draft, *common], None),
         ], timeout=600.0, echo=config.echo)
         (orchestrator,) = start_services(stack, [("orchestrator", [
             "--draft", draft.address, "--target", target.address,
-            *_flags(host=config.host, port=config.port, speculation=config.speculation,
+            *_flags(host=config.host, port=config.port, metrics_port=0, speculation=config.speculation,
                     num_speculative_tokens=config.num_speculative_tokens,
-                    max_num_speculative_tokens=config.max_num_speculative_tokens),
+                    max_num_speculative_tokens=config.max_num_speculative_tokens,
+                    http_port=config.http_port),
         ], None)], timeout=600.0, echo=config.echo)
         yield {"target": target, "draft": draft, "orchestrator": orchestrator}
 

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 from specdec_cli.flags import default_of
 from specdec_cli.serve_cmd import add_speculation_flags
-from specdec_cli.stack import StackConfig, local_stack, stop_on_signals
+from specdec_cli.processes import ServiceProcess
+from specdec_cli.stack import DEFAULT_HTTP_PORT, StackConfig, local_stack, stop_on_signals
+
+HTTP_URL = re.compile(r"^READY orchestrator .* http=(\S+)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_stack_flags(parser)
+    parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
+                        help="port of the orchestrator's OpenAI-compatible HTTP API; 0 picks a "
+                             "free one")
+    parser.add_argument("--no-http", action="store_true", help="no OpenAI-compatible HTTP API")
     parser.set_defaults(func=run)
+
+
+def http_url(orchestrator: ServiceProcess) -> str | None:
+    """The HTTP API's base URL from the orchestrator's READY line; None if it serves none."""
+    for line in list(orchestrator.lines):
+        match = HTTP_URL.match(line)
+        if match:
+            return match.group(1)
+    return None
 
 
 def add_stack_flags(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +53,16 @@ def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
     return StackConfig(
         target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, host=args.host,
         port=args.port, speculation=args.speculation, num_speculative_tokens=args.num_speculative_tokens,
-        max_num_speculative_tokens=args.max_num_speculative_tokens, echo=echo, threads=args.threads)
+        max_num_speculative_tokens=args.max_num_speculative_tokens, echo=echo, threads=args.threads,
+        # `specdec demo` shares these flags but has no HTTP API (no --http-port of its own)
+        http_port=None if getattr(args, "no_http", True) else args.http_port)
+
+
+def metrics_lines(services: dict[str, ServiceProcess]) -> str:
+    """The Prometheus endpoint of each service, one line each."""
+    lines = "".join(f"    {role}: {service.metrics_url}\n" for role, service in services.items()
+                    if service.metrics_url)
+    return f"  metrics:\n{lines}" if lines else ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         with local_stack(stack_config(args)) as services:
             address = services["orchestrator"].address
-            print(f"\nspecdec is up: orchestrator at {address}\n"
+            url = http_url(services["orchestrator"])
+            http = f"  OpenAI-compatible HTTP: {url}\n" if url else ""
+            print(f"\nspecdec is up: orchestrator at {address}\n{http}"
                   f"  try: specdec generate --orchestrator {address} --chat 'Write a haiku about GPUs.'\n"
+                  f"{metrics_lines(services)}"
                   f"Ctrl-C stops all three services.", flush=True)
             try:
                 while True:

@@ -38,6 +38,15 @@ def load_token(token_file: Path | None, environ: dict[str, str] | None = None) -
     return token
 
 
+def bearer_token_matches(value: str | None, token: str) -> bool:
+    """Whether an authorization value ("Bearer <token>", the scheme in any case) carries `token`.
+    Compared in constant time, so response timing does not reveal how much of a guess matched.
+    Shared by the gRPC interceptor below and the HTTP API (orchestrator/http_api.py)."""
+    if not value or value[: len(SCHEME)].lower() != SCHEME:
+        return False
+    return hmac.compare_digest(value[len(SCHEME):].strip().encode(), token.encode())
+
+
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     """Call metadata that authenticates a client."""
     return ((METADATA_KEY, f"Bearer {token}"),)
@@ -47,15 +56,14 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("the auth token must not be empty")
-        self._token = token.encode()
+        self._token = token
 
     def _authenticated(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> bool:
         for key, value in metadata or ():
             if key.lower() != METADATA_KEY or not isinstance(value, str):
                 continue
             if value[: len(SCHEME)].lower() == SCHEME:
-                # Constant time, so response timing does not reveal how much of a guess matched.
-                return hmac.compare_digest(value[len(SCHEME):].strip().encode(), self._token)
+                return bearer_token_matches(value, self._token)
         return False
 
     async def intercept_service(

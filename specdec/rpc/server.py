@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 
 from specdec.errors import Unavailable
 from specdec.rpc.errors import ErrorMappingInterceptor
+from specdec.tracing import server_interceptors
 from specdec.worker import run_on_model_thread
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ class RunningServer:
         self._health_servers: list[grpc.aio.Server] = []  # the plaintext health port's
         self.port = 0
         self.health_port: int | None = None
+        self.metrics_port: int | None = None  # the Prometheus endpoint's, once one is started
         self._stop_requested = asyncio.Event()
         self._catching_signals = False
         self._starting: asyncio.Task | None = None  # cancelled by a signal until the server is up
@@ -257,7 +259,8 @@ class RunningServer:
     async def start(self, register: Callable[[grpc.aio.Server], None]) -> None:
         """Starts the service port with the servicers register() adds, then reports SERVING."""
         server = grpc.aio.server(
-            interceptors=[*self.config.interceptors, MalformedRequestInterceptor(), ErrorMappingInterceptor()],
+            interceptors=[*self.config.interceptors, *server_interceptors(), MalformedRequestInterceptor(),
+                          ErrorMappingInterceptor()],
             options=server_options(self.config.max_message_bytes),
         )
         register(server)
@@ -318,6 +321,11 @@ class RunningServer:
         await self.stop(drain)
 
 
+def ready_metrics(running: RunningServer) -> str:
+    """The READY line's metrics field (" metrics=PORT"), empty without a metrics endpoint."""
+    return "" if running.metrics_port is None else f" metrics={running.metrics_port}"
+
+
 async def serve_model_until_signal(
     role: str,
     service_name: str,
@@ -338,7 +346,7 @@ async def serve_model_until_signal(
     service = await start(loaded, running)
     expiry = asyncio.create_task(service.expire_forever())
     print(f"READY {role} {server_config.host}:{running.port} health={running.health_port} "
-          f"model={loaded.model_id} vocab={loaded.vocab_size}", flush=True)
+          f"model={loaded.model_id} vocab={loaded.vocab_size}{ready_metrics(running)}", flush=True)
     try:
         await running.wait_for_signal(service.drain)
     finally:

@@ -69,7 +69,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_rate", "num_speculative_tokens_per_round", "tokens_per_second", "wall_seconds", "time_to_first_token_seconds", "draft_seconds", "verify_seconds", "network_seconds", "re_prefills", "draft_unavailable_rounds", "target_replica", "draft_replica", "controller_estimates", "num_accepted_per_round")
+    __slots__ = ("prompt_tokens", "generated_tokens", "rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_rate", "num_speculative_tokens_per_round", "tokens_per_second", "wall_seconds", "time_to_first_token_seconds", "draft_seconds", "verify_seconds", "network_seconds", "re_prefills", "draft_unavailable_rounds", "target_replica", "draft_replica", "controller_estimates", "num_accepted_per_round", "drafted_tokens_by_method", "accepted_tokens_by_method")
     class ControllerEstimatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,20 @@ class GenerationStats(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class DraftedTokensByMethodEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AcceptedTokensByMethodEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +111,8 @@ class GenerationStats(_message.Message):
     DRAFT_REPLICA_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ESTIMATES_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_BY_METHOD_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_BY_METHOD_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     rounds: int
@@ -117,7 +133,9 @@ class GenerationStats(_message.Message):
     draft_replica: str
     controller_estimates: _containers.ScalarMap[str, float]
     num_accepted_per_round: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., num_speculative_tokens_per_round: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., time_to_first_token_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., network_seconds: _Optional[float] = ..., re_prefills: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., controller_estimates: _Optional[_Mapping[str, float]] = ..., num_accepted_per_round: _Optional[_Iterable[int]] = ...) -> None: ...
+    drafted_tokens_by_method: _containers.ScalarMap[str, int]
+    accepted_tokens_by_method: _containers.ScalarMap[str, int]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., num_speculative_tokens_per_round: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., time_to_first_token_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., network_seconds: _Optional[float] = ..., re_prefills: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., controller_estimates: _Optional[_Mapping[str, float]] = ..., num_accepted_per_round: _Optional[_Iterable[int]] = ..., drafted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., accepted_tokens_by_method: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "stats", "finish_reason")

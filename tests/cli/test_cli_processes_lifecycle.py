@@ -91,7 +91,7 @@ def test_the_orchestrator_gives_up_after_the_startup_timeout():
 
 def _up(tiny_pair) -> tuple[str, ...]:
     return ("up", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
-            "--dtype", "float64", "--port", "0", "--threads", "1")
+            "--dtype", "float64", "--http-port", "0", "--port", "0", "--threads", "1")
 
 
 def test_up_stops_on_ctrl_c_even_when_started_with_sigint_ignored(tiny_pair):
@@ -129,7 +129,7 @@ def test_up_refuses_an_orchestrator_port_in_use_before_loading_models(target, ti
 
 def test_up_with_a_model_that_does_not_load_says_why_and_leaves_no_process(tiny_pair):
     with run_specdec("up", "--target", "/nonexistent/model", "--draft", str(tiny_pair.draft_dir),
-                     "--dtype", "float64", "--port", "0", "--threads", "1") as up:
+                     "--dtype", "float64", "--port", "0", "--no-http", "--threads", "1") as up:
         assert up.wait(300) == 2, up.output()
         assert up.output().splitlines()[-1].startswith(
             "specdec: the target service did not start (exited with 2): specdec: '/nonexistent/model' "

@@ -44,7 +44,7 @@ def test_base_image_entrypoint_and_ports():
     assert [json.loads(args) for args in entrypoint] == [["specdec"]]
     exposed = {int(port) for keyword, args in instructions if keyword == "EXPOSE"
                for port in args.split()}
-    assert exposed == {50050, 50051, 50060, 50061}
+    assert exposed == {50050, 50051, 50060, 50061, 8000}
 
 
 def test_torch_is_installed_before_the_project():

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.deploy.helm_support import CHART, NAMESPACE, VALUE_SETS, chart_values, run_helm
+from tests.deploy.helm_support import CHART, NAMESPACE, VALUE_SETS, chart_values, render, run_helm
 
 # The newest Kubernetes whose schemas kubernetes-validate 1.37.0 ships offline.
 KUBERNETES_VERSION = "1.37.0"
@@ -114,9 +114,14 @@ def test_pool_services_are_headless_and_orchestrator_service_is_not(rendered_set
     orchestrator = rendered.get("Service", "orchestrator")
     assert "clusterIP" not in orchestrator["spec"]
     assert orchestrator["spec"]["type"] == values["orchestrator"]["service"]["type"]
+    # gRPC and the OpenAI-compatible HTTP API, each to its named container port
+    ports = {port["name"]: (port["port"], port["targetPort"]) for port in orchestrator["spec"]["ports"]}
+    assert ports == {"grpc": (values["orchestrator"]["service"]["port"], "grpc"),
+                     "http": (values["orchestrator"]["httpPort"], "http")}
 
 
 METRICS_PORT = 9090
+HTTP_PORT = 8000
 
 
 @value_sets
@@ -126,11 +131,14 @@ def test_all_probes_are_grpc_on_the_plaintext_health_port(rendered_sets, value_s
         container = rendered.container(component)
         service_port, health_port = PORTS[component]
         ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-        expected = {"grpc": service_port, "health": health_port}
+        # Every component serves /metrics: the pools' specdec_active_sessions for their HPAs, the
+        # orchestrator's streams in flight for its own, and the dashboard's metrics.
+        expected = {"grpc": service_port, "health": health_port, "metrics": METRICS_PORT}
         args = container["args"]
-        if component != "orchestrator":  # the pools export specdec_active_sessions for the HPAs
-            expected["metrics"] = METRICS_PORT
-            assert _arg(args, "--metrics-port") == str(METRICS_PORT)
+        assert _arg(args, "--metrics-port") == str(METRICS_PORT)
+        if component == "orchestrator":  # the OpenAI-compatible HTTP API, on by default
+            expected["http"] = HTTP_PORT
+            assert _arg(args, "--http-port") == str(HTTP_PORT)
         assert ports == expected
         assert _arg(args, "--port") == str(service_port)
         assert _arg(args, "--health-port") == str(health_port)
@@ -295,3 +303,12 @@ def test_every_value_set_is_exercised():
     for pool in POOLS:
         assert cpu_small[pool]["gpu"] == 0
         assert cpu_small[pool]["model"]["source"] == "image"
+
+
+def test_http_port_0_turns_the_http_api_off(helm):
+    rendered = render(helm, "--set", "orchestrator.httpPort=0")
+    container = rendered.container("orchestrator")
+    assert "--http-port" not in container["args"]
+    assert "http" not in {port["name"] for port in container["ports"]}
+    service = rendered.get("Service", "orchestrator")
+    assert [port["name"] for port in service["spec"]["ports"]] == ["grpc"]

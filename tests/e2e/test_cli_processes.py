@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 import torch
 
@@ -89,10 +91,18 @@ def test_text_prompt_and_chat_stream_text(services):
 @pytest.mark.slow  # ~15 s: a second set of three processes, started and stopped
 def test_up_starts_three_processes_and_stops_them_on_ctrl_c(tiny_pair):
     with run_specdec("up", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
-                     "--dtype", "float64", "--port", "0", "--threads", "1") as up:
+                     "--dtype", "float64", "--port", "0", "--http-port", "0", "--threads", "1") as up:
         address = up.wait_for_line(r"orchestrator at (\S+)", timeout=300).group(1)
-        tokens, _, _ = generate(address, pb.GenerateRequest(prompt_token_ids=[4, 5, 6], max_new_tokens=8))
+        tokens, text, _ = generate(address, pb.GenerateRequest(prompt="hi", max_new_tokens=8))
         assert len(tokens) >= 1
+        url = up.wait_for_line(r"OpenAI-compatible HTTP: (http://\S+/v1)$").group(1)
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+            completion = client.completions.create(model="any", prompt="hi", max_tokens=8, temperature=0)
+        assert completion.choices[0].text == text  # greedy: the same answer through both doors
+        for role, name in (("target", "specdec_forward_passes_total"), ("draft", "specdec_queue_seconds"),
+                           ("orchestrator", "specdec:generation_tokens_total")):  # each one's /metrics
+            metrics_url = up.wait_for_line(rf"^\s+{role}: (http://\S+/metrics)$").group(1)
+            assert name in urllib.request.urlopen(metrics_url, timeout=10).read().decode(), role
         up.process.send_signal(signal.SIGINT)
         assert up.wait(120) == 0, up.output()
         assert "stopping" in up.output()

@@ -12,9 +12,23 @@ them agreeing. Only the orchestrator's public Service port is a value.
 {{- if eq . "orchestrator" }}50060{{ else }}50061{{ end }}
 {{- end }}
 
-{{- /* Prometheus /metrics of the model pools (specdec_active_sessions, read by the HPAs
-through a metrics adapter). */ -}}
+{{- /* Prometheus /metrics of every component (specdec_active_sessions, read by the HPAs
+through a metrics adapter; the request, speculation and pass metrics of deploy/README.md). */ -}}
 {{- define "specdec.metricsPort" -}}9090{{- end }}
+
+{{/* A pod template's annotations: the component's podAnnotations, plus the prometheus.io scrape
+annotations when metrics.podAnnotations is on (podAnnotations win on a clash). Call with
+(dict "root" $ "component" ... "values" ...). */}}
+{{- define "specdec.podAnnotations" -}}
+{{- $annotations := deepCopy (.values.podAnnotations | default dict) }}
+{{- if .root.Values.metrics.podAnnotations }}
+{{- $annotations = merge $annotations (dict "prometheus.io/scrape" "true" "prometheus.io/port" (include "specdec.metricsPort" .) "prometheus.io/path" "/metrics") }}
+{{- end }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
 
 {{- define "specdec.tlsMountPath" -}}/etc/specdec/tls{{- end }}
 {{- define "specdec.authMountPath" -}}/etc/specdec/auth{{- end }}
@@ -141,6 +155,14 @@ target there.
   value: /tmp
 - name: HF_HOME
   value: /tmp/huggingface
+{{- with .Values.tracing.otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: parentbased_traceidratio
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $.Values.tracing.sampleRatio | toString | quote }}
+{{- end }}
 {{- end }}
 
 {{- define "specdec.podSecurityContext" -}}

@@ -84,10 +84,7 @@ spec:
     metadata:
       labels:
         {{- include "specdec.labels" . | nindent 8 }}
-      {{- with $values.podAnnotations }}
-      annotations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
+      {{- with include "specdec.podAnnotations" . }}{{ . | trim | nindent 6 }}{{ end }}
     spec:
       # Pools never call the Kubernetes API: no token in the pod.
       automountServiceAccountToken: false
@@ -126,6 +123,10 @@ spec:
             - {{ $values.sessionTtlSeconds | quote }}
             - --max-num-speculative-tokens
             - {{ $values.maxNumSpeculativeTokens | quote }}
+            - --max-pass-tokens
+            - {{ $values.maxPassTokens | quote }}
+            - --max-pass-sessions
+            - {{ $values.maxPassSessions | quote }}
             - --metrics-port
             - {{ include "specdec.metricsPort" . | quote }}
             {{- with include "specdec.tlsArgs" $root }}{{ . | trim | nindent 12 }}{{ end }}

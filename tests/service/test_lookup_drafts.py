@@ -1,0 +1,248 @@
+"""Model-free drafts (ngram, suffix, hybrid) through the real services: greedy output equals the
+target's own, lookups are proposed and accepted on repetitive prompts, and a sampled request keeps
+the target's law with one-hot proposals."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import replace
+
+import grpc
+import pytest
+import torch
+
+import orchestrator.server
+from orchestrator.local_draft import LookupConfig
+from orchestrator.pool import PoolConfig
+from orchestrator.service import OrchestratorConfig, PromptInput
+from orchestrator.k_policy import Speculation
+from specdec.protocol import SamplingParams
+from specdec.rpc.server import ServerConfig
+from specdec.v1 import common_pb2
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+
+from tests import stack as stack_module
+from tests import tiny_models
+from tests.service import test_sampling_services as sampling
+
+MAX_NEW_TOKENS = 32
+
+
+class LookupStack:
+    def __init__(self, servers, service):
+        self.servers, self.service = servers, service
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.servers[-1].port}"
+
+    async def stop(self) -> None:
+        await self.service.close()
+        for server in reversed(self.servers):
+            await server.stop()
+
+
+async def start_lookup_stack(target_dir, draft_dir, draft_method: str, num_speculative_tokens: int = 4,
+                             lookup: LookupConfig = LookupConfig(), **target_service) -> LookupStack:
+    target_server, _ = await stack_module.start_target(target_dir, **target_service)
+    servers = [target_server]
+    if draft_method in ("hybrid", "model"):
+        draft_server, _ = await stack_module.start_draft(draft_dir)
+        servers.append(draft_server)
+        draft = f"127.0.0.1:{draft_server.port}"
+    else:
+        draft = f"local:{draft_method}"
+    config = OrchestratorConfig(
+        draft=draft, target=f"127.0.0.1:{target_server.port}",
+        draft_method=draft_method if draft_method == "hybrid" else "",
+        num_speculative_tokens=num_speculative_tokens, pool=PoolConfig(refresh_seconds=0.5),
+        startup_timeout_seconds=30, lookup=lookup,
+    )
+    orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+    return LookupStack([*servers, orchestrator_server], service)
+
+
+def _repetitive_prompts(vocab_size: int, count: int = 8) -> list[list[int]]:
+    rng = random.Random(77)
+    prompts = []
+    for _ in range(count):
+        phrase = [rng.randrange(3, vocab_size) for _ in range(rng.randint(3, 6))]
+        prompts.append([*phrase, *[rng.randrange(3, vocab_size) for _ in range(2)], *phrase, *phrase[:2]])
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def references(reference_target):
+    table = {}
+    for prompt in _repetitive_prompts(reference_target.config.vocab_size):
+        with torch.no_grad():
+            output = reference_target.generate(
+                torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            )
+        table[tuple(prompt)] = output[0, len(prompt):].tolist()
+    return table
+
+
+async def _generate(service, prompt, sampling=SamplingParams(), speculation=Speculation(mode="fixed")):
+    tokens, last = [], None
+    async for chunk in service.generate(PromptInput(prompt_token_ids=tuple(prompt)), MAX_NEW_TOKENS,
+                                        sampling, speculation=speculation):
+        tokens.extend(chunk.token_ids)
+        last = chunk
+    return tokens, last.stats
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "hybrid"])
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_greedy_lookup_drafts_keep_the_target_output(loop_thread, tiny_pair, references, method, mode):
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, method))
+    try:
+        accepted_by_method: dict[str, int] = {}
+        drafted = accepted = 0
+        for prompt, expected in references.items():
+            tokens, stats = loop_thread.run(_generate(running.service, prompt, speculation=Speculation(mode=mode)))
+            assert tokens == expected, f"{method}: prompt {prompt}"
+            assert stats.drafted_tokens == sum(stats.drafted_by_method.values())
+            assert stats.accepted_tokens == sum(stats.accepted_by_method.values())
+            drafted += stats.drafted_tokens
+            accepted += stats.accepted_tokens
+            for name, count in stats.accepted_by_method.items():
+                accepted_by_method[name] = accepted_by_method.get(name, 0) + count
+        lookup = "suffix" if method == "hybrid" else method
+        assert accepted_by_method.get(lookup, 0) > 0, accepted_by_method
+        if method == "hybrid":
+            assert accepted_by_method.get("model", 0) > 0, accepted_by_method
+        else:
+            assert set(accepted_by_method) <= {method}
+        assert 0 < accepted <= drafted
+        if method != "hybrid":
+            assert running.service.draft_pool.replicas == {}  # no draft hop at all
+    finally:
+        loop_thread.run(running.stop())
+
+
+def test_local_draft_over_the_public_api(loop_thread, tiny_pair, references):
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, "suffix"))
+    try:
+        prompt, expected = next(iter(references.items()))
+        request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS,
+                                     speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED,
+                                                                      num_speculative_tokens=4))
+        tokens, _, last = stack_module.generate(running.address, request)
+        assert tokens == expected
+        assert last.stats.draft_replica == "local:suffix"
+        assert last.stats.draft_seconds >= 0 and last.stats.rounds > 0
+        assert dict(last.stats.drafted_tokens_by_method) == {"suffix": last.stats.drafted_tokens}
+        assert dict(last.stats.accepted_tokens_by_method) == {"suffix": last.stats.accepted_tokens}
+        assert last.stats.accepted_tokens > 0
+    finally:
+        loop_thread.run(running.stop())
+
+
+def test_shared_suffix_cache_helps_a_repeated_request(loop_thread, tiny_pair, references):
+    shared = LookupConfig(suffix_cache="shared")
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, "suffix",
+                                                 lookup=shared))
+    try:
+        prompt, expected = next(iter(references.items()))
+        first_tokens, first = loop_thread.run(_generate(running.service, prompt))
+        second_tokens, second = loop_thread.run(_generate(running.service, prompt))
+        assert first_tokens == second_tokens == expected
+        assert second.accepted_tokens >= first.accepted_tokens
+        assert running.service.local_drafts.cache is not None and len(running.service.local_drafts.cache) == 2
+    finally:
+        loop_thread.run(running.stop())
+
+
+# ------------------------------------------------------------------- sampling: the target's law
+
+SAMPLING_PROMPT = [1, 5, 3, 6, 1, 5, 3, 6, 2, 1, 5]
+
+
+@torch.no_grad()
+def _joint_law(model, config: sampling.Config, prompt: list[int]) -> torch.Tensor:
+    vocab, length = sampling.VOCAB_SIZE, len(prompt)
+    pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))
+    input_ids = torch.cat([torch.tensor(prompt).expand(vocab * vocab, length), pairs], dim=1)
+    logits = model(input_ids=input_ids).logits
+    rows = torch.cat([logits[0, length - 1].unsqueeze(0), logits[::vocab, length], logits[:, length + 1]])
+    probs = sampling._processors(config)(torch.zeros(rows.shape[0], 1, dtype=torch.long), rows).softmax(-1)
+    first, second, third = probs[0], probs[1: 1 + vocab], probs[1 + vocab:].reshape(vocab, vocab, vocab)
+    return (first[:, None, None] * second[:, :, None] * third).reshape(-1)
+
+
+async def _sample_many(address: str, config: sampling.Config, prompt: list[int]):
+    semaphore = asyncio.Semaphore(sampling.IN_FLIGHT)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+
+        async def one(seed: int):
+            request = pb.GenerateRequest(
+                prompt_token_ids=prompt, max_new_tokens=sampling.MAX_NEW_TOKENS,
+                sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
+                speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED,
+                                                 num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS))
+            async with semaphore:
+                tokens, last = [], None
+                async for response in stub.Generate(request, timeout=sampling.TIMEOUT):
+                    tokens.extend(response.token_ids)
+                    last = response
+            return tokens, last.stats
+
+        return await asyncio.gather(*(one(s) for s in range(config.first_seed, config.first_seed + config.num_samples)))
+
+
+@pytest.fixture(scope="module")
+def sampling_target_dir(tmp_path_factory):
+    """The vocabulary-8 target of test_sampling_services (no EOS, no tokenizer)."""
+    root = tmp_path_factory.mktemp("lookup-sampling")
+    return tiny_models.save(sampling._small_model(seed=11), root / "target", with_tokenizer=False)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_sampled_lookup_output_follows_the_target_law(loop_thread, sampling_target_dir, method):
+    lookup = LookupConfig(ngram_min=1, suffix_min_share=0.05)
+    running = loop_thread.run(start_lookup_stack(sampling_target_dir, None, method,
+                                                 num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS,
+                                                 lookup=lookup))
+    try:
+        config = replace(sampling.CONFIGS["temperature_1"], first_seed=40_000 + (method == "suffix") * 1000)
+        results = loop_thread.run(_sample_many(running.address, config, SAMPLING_PROMPT))
+    finally:
+        loop_thread.run(running.stop())
+    assert all(len(tokens) == sampling.MAX_NEW_TOKENS for tokens, _ in results)
+    drafted = sum(stats.drafted_tokens for _, stats in results)
+    accepted = sum(stats.accepted_tokens for _, stats in results)
+    assert 0 < accepted < drafted, (accepted, drafted)  # one-hot proposals both won and lost
+    law = _joint_law(sampling._load(sampling_target_dir), config, SAMPLING_PROMPT)
+    tokens = torch.tensor([tokens[:sampling.NUM_TOKENS] for tokens, _ in results])
+    p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(tokens), law)
+    assert p_value > sampling.ALPHA, f"{method}: {summary}"
+
+
+
+def test_hybrid_without_its_draft_model_goes_on_with_the_lookup(loop_thread, tiny_pair, references):
+    async def start():
+        target_server, _ = await stack_module.start_target(tiny_pair.target_dir)
+        config = OrchestratorConfig(
+            draft="127.0.0.1:1", target=f"127.0.0.1:{target_server.port}", draft_method="hybrid",
+            pool=PoolConfig(refresh_seconds=0.5), startup_timeout_seconds=1,
+        )
+        orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+        return LookupStack([target_server, orchestrator_server], service)
+
+    running = loop_thread.run(start())
+    try:
+        accepted = 0
+        for prompt, expected in list(references.items())[:4]:
+            tokens, stats = loop_thread.run(_generate(running.service, prompt))
+            assert tokens == expected
+            assert set(stats.drafted_by_method) <= {"suffix"}
+            assert stats.draft_unavailable_rounds > 0
+            accepted += stats.accepted_by_method.get("suffix", 0)
+        assert accepted > 0
+    finally:
+        loop_thread.run(running.stop())
