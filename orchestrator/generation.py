@@ -19,6 +19,7 @@ from orchestrator.k_policy import KPolicy, RoundObservation
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pool import ReplicaPool
 from orchestrator.recovery import SessionReplicas
+from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.stats import GenerationStats, StatsObserver
 from orchestrator.text import Decoder, TextStream
 from specdec.errors import InvalidInput, OutOfRange
@@ -71,6 +72,7 @@ class Generation:
         limits: GenerationLimits,
         observer: StatsObserver | None = None,
         local_draft: LocalDraft | None = None,
+        guard: SpeculationGuard | None = None,
     ) -> None:
         if len(request.prompt_token_ids) >= limits.max_context:
             raise OutOfRange(f"the prompt has {len(request.prompt_token_ids)} tokens; the max context "
@@ -78,6 +80,7 @@ class Generation:
         self.request = request
         self.policy = policy
         self.limits = limits
+        self.guard = guard  # whether speculation pays the system at all (adaptive requests only)
         self.committed: list[int] = list(request.prompt_token_ids)
         self.text = TextStream(tokenizer, request.stop)
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids), observer=observer)
@@ -91,6 +94,8 @@ class Generation:
 
     async def run(self) -> AsyncIterator[Chunk]:
         started = time.perf_counter()
+        if self.guard is not None:
+            self.guard.enter()
         try:
             first = await self.replicas.prefill(self.committed, self.uses_model_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
@@ -100,10 +105,14 @@ class Generation:
                 chunk = self._commit(await self._round())
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
+            if self.guard is not None:
+                self.stats.controller_estimates["system_speculating"] = float(self.guard.speculating)
             if self.local_draft is not None:
                 self.local_draft.finish(self.committed, self.stats.prompt_tokens)
             yield Chunk(chunk.token_ids, chunk.text + self.text.flush(), chunk.finish_reason, self.stats)
         finally:
+            if self.guard is not None:
+                self.guard.leave()
             self.replicas.release_all()
 
     async def _round(self) -> list[int]:
@@ -112,6 +121,8 @@ class Generation:
             await self.replicas.reattach_draft_if_due(self.committed)
         can_draft = self.local_draft is not None or self.replicas.has_draft
         max_num_speculative_tokens = self._max_num_speculative_tokens() if can_draft else 0
+        if self.guard is not None and not self.guard.allows_speculation():
+            max_num_speculative_tokens = 0
         num_speculative_tokens = self.policy.choose(max_num_speculative_tokens)
         proposed, method = None, ""
         if num_speculative_tokens > 0:
@@ -138,7 +149,8 @@ class Generation:
                 return lookup_reply(found, self.request.sampling, self.replicas.session_id,
                                     len(self.committed), seconds), self.local_draft.lookup_method
         if self.replicas.has_draft:
-            return await self.replicas.propose(self.committed, num_speculative_tokens), "model"
+            reply = await self.replicas.propose(self.committed, num_speculative_tokens)
+            return reply, self.replicas.draft_method  # the replica that answered: a model or a lookup
         return None, ""
 
     def _max_num_speculative_tokens(self) -> int:
@@ -163,6 +175,8 @@ class Generation:
             kept, finish = kept[:count], "stop"
         self.committed.extend(kept)
         self.stats.generated_tokens += len(kept)
+        if self.guard is not None:
+            self.guard.record(len(kept))
         if finish is None and self.stats.generated_tokens >= self.request.max_new_tokens:
             finish = "length"
         if finish is None and len(self.committed) >= self.limits.max_context:

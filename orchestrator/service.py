@@ -18,6 +18,7 @@ from orchestrator.k_estimates import ControllerPriors
 from orchestrator.k_policy import SPECULATION_MODES, FixedK, HeuristicK, KPolicy, Speculation, SpeculationMode
 from orchestrator.local_draft import LocalDrafts, LookupConfig, NoReplicas, draft_method_of
 from orchestrator.pool import PoolConfig, ReplicaPool
+from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.telemetry import Telemetry
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
 from specdec.models import load_tokenizer, tokenizer_from_files, tokenizer_hash
@@ -78,6 +79,7 @@ class OrchestratorService:
         # Pool-wide estimates that seed each new session's controller, kept apart for greedy and
         # sampled requests: their acceptance rates differ (timings are learnt in both).
         self.controller_priors = {"greedy": ControllerPriors(), "sampled": ControllerPriors()}
+        self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
     # -- start ----------------------------------------------------------------------------------
@@ -221,9 +223,12 @@ class OrchestratorService:
         sampling: SamplingParams,
         stop: Sequence[str] = (),
         speculation: Speculation = Speculation(),
+        partition: str = "",
     ) -> AsyncIterator[Chunk]:
         """One request, validated here and streamed by the loop (orchestrator/generation.py),
-        recorded in metrics and traces (orchestrator/telemetry.py) from its arrival, now."""
+        recorded in metrics and traces (orchestrator/telemetry.py) from its arrival, now.
+        partition: the caller's share of state kept across requests (the shared suffix cache):
+        with bearer tokens configured, a digest of the request's token; "" otherwise."""
         arrived = time.perf_counter()
         policy = self.policy(speculation, greedy=sampling.greedy)
         if any(not s for s in stop):
@@ -239,5 +244,6 @@ class OrchestratorService:
         )
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
-                                self.limits(), observer=recorder, local_draft=self.local_drafts.session())
+                                self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
+                                guard=self.guard if isinstance(policy, AdaptiveKController) else None)
         return recorder.stream(generation.run(), generation.stats)

@@ -97,3 +97,25 @@ def generate(address: str, request: pb.GenerateRequest, timeout: float = 300) ->
             last = response
     assert last is not None
     return token_ids, text, last
+
+
+class PassSizes:
+    """Records the sessions of every forward pass a service's worker runs while in a with block
+    (the worker's observer; the previous one is put back after)."""
+
+    def __init__(self, service) -> None:
+        self._worker = service.worker
+        self.sessions: list[int] = []
+
+    def pass_ran(self, rows: int, sessions: int, seconds: float) -> None:
+        self.sessions.append(sessions)
+
+    def call_started(self, queue_seconds: float) -> None:
+        pass
+
+    def __enter__(self) -> "PassSizes":
+        self._previous, self._worker.observer = self._worker.observer, self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._worker.observer = self._previous

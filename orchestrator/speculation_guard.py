@@ -1,0 +1,158 @@
+"""Does speculation pay for the whole system right now? Measured, not modelled.
+
+The adaptive controller (orchestrator/k_controller.py) prices each session's rounds from measured
+timings and charges the rows its drafts add to a shared target pass. What no per-session model
+sees is work that competes for the same hardware outside the pass: a draft service on the target's
+machine (`specdec up` on one host, or co-located pods) slows every target pass while it drafts,
+and once the target is busy all the time every draft pass is taken from the target's throughput.
+A single session cannot measure this either: its own K = 0 rounds still run beside the other
+sessions' drafts.
+
+So while two or more sessions are generating, the orchestrator tests it directly. Every so often
+it measures a window with its adaptive sessions doing what they decided so far (speculating as
+their controllers choose, or all at K = 0) and, right after, a window doing the other, and keeps
+whichever committed more tokens per second, by a margin. A decision that holds doubles the time
+to the next test (up to a ceiling); one that flips resets it; a test whose windows saw different
+loads is discarded. With fewer than two sessions the guard stays out of the way: a lone session's
+own K = 0 probes already measure the truth. Nothing here is a setting a user tunes: the windows and
+the margin only decide how quickly and how surely a measured difference is acted on.
+
+The guard sees one orchestrator's sessions; replicas of the orchestrator test on their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """Seconds, and the margin by which the other choice must win a test to be taken."""
+
+    window_seconds: float = 2.0  # each of a test's two windows
+    settle_seconds: float = 0.4  # before each window: rounds of the previous mode finish
+    margin: float = 0.05
+    first_test_seconds: float = 3.0  # after load appears, and after a decision flips
+    max_interval_seconds: float = 96.0
+    min_sessions: int = 2
+    max_load_change: float = 0.25  # mean sessions of the two windows may differ by this fraction
+
+    def __post_init__(self) -> None:
+        if self.window_seconds <= 0 or self.settle_seconds < 0 or self.margin < 0:
+            raise ValueError("window_seconds must be > 0, settle_seconds and margin >= 0")
+        if not 0 < self.first_test_seconds <= self.max_interval_seconds:
+            raise ValueError("need 0 < first_test_seconds <= max_interval_seconds")
+        if self.min_sessions < 2:
+            raise ValueError("min_sessions must be >= 2")
+
+
+@dataclass
+class _Window:
+    start: float
+    end: float
+    tokens: int = 0
+    session_samples: int = 0
+    session_sum: int = 0
+
+    def add(self, now: float, tokens: int, sessions: int) -> None:
+        if self.start <= now < self.end:
+            self.tokens += tokens
+            self.session_samples += 1
+            self.session_sum += sessions
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / (self.end - self.start)
+
+    @property
+    def mean_sessions(self) -> float:
+        return self.session_sum / self.session_samples if self.session_samples else 0.0
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """The outcome of one test: tokens/s speculating and at K = 0, and what was kept."""
+
+    speculating_rate: float
+    off_rate: float
+    speculating: bool
+
+
+class SpeculationGuard:
+    """Shared by every adaptive generation of one orchestrator (see the module docstring)."""
+
+    def __init__(self, config: GuardConfig = GuardConfig(), clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self._clock = clock
+        self.speculating = True  # the decision kept between tests
+        self.last_decision: GuardDecision | None = None
+        self._active = 0
+        self._interval = config.first_test_seconds
+        self._next_test: float | None = None
+        self._windows: tuple[_Window, _Window] | None = None  # (kept mode, the other mode)
+
+    @property
+    def active_sessions(self) -> int:
+        return self._active
+
+    def enter(self) -> None:
+        self._active += 1
+        self._advance(self._clock())
+
+    def leave(self) -> None:
+        self._active = max(0, self._active - 1)
+        self._advance(self._clock())
+
+    def record(self, tokens: int) -> None:
+        """Tokens a session committed just now."""
+        now = self._clock()
+        self._advance(now)
+        if self._windows is not None:
+            for window in self._windows:
+                window.add(now, tokens, self._active)
+
+    def allows_speculation(self) -> bool:
+        """Whether an adaptive session may speculate in the round it is about to run."""
+        now = self._clock()
+        self._advance(now)
+        if self._windows is not None:
+            in_second_window = now >= self._windows[1].start - self.config.settle_seconds
+            return self.speculating != in_second_window
+        if self._active < self.config.min_sessions:
+            return True
+        return self.speculating
+
+    def _advance(self, now: float) -> None:
+        config = self.config
+        if self._windows is not None and now >= self._windows[1].end:
+            self._decide(now)
+        if self._active < config.min_sessions:
+            if self._windows is not None or self._next_test is not None:
+                self._windows, self._next_test = None, None  # the load went: test again once it is back
+            return
+        if self._next_test is None:
+            self._next_test = now + config.first_test_seconds
+        if self._windows is None and now >= self._next_test:
+            first = now + config.settle_seconds
+            second = first + config.window_seconds + config.settle_seconds
+            self._windows = (_Window(first, first + config.window_seconds),
+                             _Window(second, second + config.window_seconds))
+
+    def _decide(self, now: float) -> None:
+        config = self.config
+        kept, other = self._windows
+        self._windows = None
+        loads = (kept.mean_sessions, other.mean_sessions)
+        if min(loads) < config.min_sessions or abs(loads[0] - loads[1]) > config.max_load_change * max(loads):
+            self._next_test = now + config.window_seconds  # different loads: not comparable, soon again
+            return
+        speculating_rate, off_rate = (kept.rate, other.rate) if self.speculating else (other.rate, kept.rate)
+        if other.rate > kept.rate * (1.0 + config.margin):
+            self.speculating = not self.speculating
+            self._interval = config.first_test_seconds
+        else:
+            self._interval = min(2.0 * self._interval, config.max_interval_seconds)
+        self.last_decision = GuardDecision(speculating_rate, off_rate, self.speculating)
+        self._next_test = now + self._interval

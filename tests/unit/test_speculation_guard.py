@@ -1,0 +1,100 @@
+"""The speculation guard (orchestrator/speculation_guard.py): with two or more sessions it tests
+speculating against K = 0 by aggregate tokens per second and keeps the winner; alone it stays out
+of the way. Driven by a fake clock and simulated sessions whose rate depends on the mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.speculation_guard import GuardConfig, SpeculationGuard
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _simulate(guard: SpeculationGuard, clock: Clock, sessions: int, seconds: float,
+              rate_speculating: float, rate_off: float, step: float = 0.05) -> list[bool]:
+    """Each step, every session asks whether it may speculate and commits tokens at the rate of
+    the mode it got (tokens per second per session). Returns the modes the first session got."""
+    modes = []
+    carry = [0.0] * sessions
+    end = clock.now + seconds
+    while clock.now < end:
+        for index in range(sessions):
+            speculating = guard.allows_speculation()
+            if index == 0:
+                modes.append(speculating)
+            carry[index] += (rate_speculating if speculating else rate_off) * step
+            whole = int(carry[index])
+            if whole:
+                carry[index] -= whole
+                guard.record(whole)
+        clock.now += step
+    return modes
+
+
+def _guard(clock: Clock, sessions: int) -> SpeculationGuard:
+    guard = SpeculationGuard(GuardConfig(), clock=clock)
+    for _ in range(sessions):
+        guard.enter()
+    return guard
+
+
+def test_turns_speculation_off_when_k0_commits_more_and_rechecks_less_often():
+    clock = Clock()
+    guard = _guard(clock, sessions=8)
+    _simulate(guard, clock, 8, 30.0, rate_speculating=5.0, rate_off=12.0)
+    assert not guard.speculating
+    assert guard.last_decision.off_rate > guard.last_decision.speculating_rate
+    modes = _simulate(guard, clock, 8, 60.0, rate_speculating=5.0, rate_off=12.0)
+    # Mostly off from now on: only the test windows speculate, and they get rarer.
+    assert sum(modes) / len(modes) < 0.2
+
+
+def test_keeps_speculating_when_it_pays_and_comes_back_when_it_pays_again():
+    clock = Clock()
+    guard = _guard(clock, sessions=4)
+    _simulate(guard, clock, 4, 30.0, rate_speculating=15.0, rate_off=10.0)
+    assert guard.speculating
+    _simulate(guard, clock, 4, 30.0, rate_speculating=5.0, rate_off=10.0)
+    assert not guard.speculating
+    _simulate(guard, clock, 4, 120.0, rate_speculating=15.0, rate_off=10.0)
+    assert guard.speculating
+
+
+def test_a_difference_within_the_margin_changes_nothing():
+    clock = Clock()
+    guard = _guard(clock, sessions=4)
+    _simulate(guard, clock, 4, 60.0, rate_speculating=10.0, rate_off=10.3)
+    assert guard.speculating
+    assert guard.last_decision is not None
+
+
+def test_one_session_is_left_to_its_own_controller():
+    clock = Clock()
+    guard = _guard(clock, sessions=1)
+    modes = _simulate(guard, clock, 1, 60.0, rate_speculating=1.0, rate_off=50.0)
+    assert all(modes)
+    assert guard.last_decision is None
+
+
+def test_a_test_whose_load_changed_is_discarded():
+    clock = Clock()
+    guard = _guard(clock, sessions=8)
+    _simulate(guard, clock, 8, 3.5, rate_speculating=5.0, rate_off=12.0)  # the first window runs
+    for _ in range(6):
+        guard.leave()  # most sessions end before the second window
+    _simulate(guard, clock, 2, 3.0, rate_speculating=5.0, rate_off=12.0)
+    assert guard.last_decision is None and guard.speculating
+
+
+@pytest.mark.parametrize("bad", [dict(window_seconds=0), dict(min_sessions=1),
+                                 dict(first_test_seconds=200.0, max_interval_seconds=100.0)])
+def test_config_is_checked(bad):
+    with pytest.raises(ValueError):
+        GuardConfig(**bad)
