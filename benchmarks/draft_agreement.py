@@ -1,10 +1,11 @@
 """How well drafts predict the target on the benchmark's prompts, per task kind.
 
-The target answers every prompt of specdec/prompt_sets.py greedily (batched, in-process); each draft
-is then teacher-forced on those answers, which gives its greedy agreement and τ at K (mean
-committed tokens per round) exactly as `specdec distill` reports them on its own held-out split,
-but on the prompts that the benchmarks and the demo measure. No timing: this is the acceptance side
-of the speedup, free of the machine's noise.
+The target answers every open-ended prompt of specdec/prompt_sets.py (the demo's and the
+benchmark's; the input-grounded ones are benchmarks/bench_drafts.py's) greedily (batched,
+in-process); each draft is then teacher-forced on those answers, which gives its greedy agreement
+and τ at K (mean committed tokens per round) exactly as `specdec distill` reports them on its own
+held-out split, but on the prompts that the benchmarks and the demo measure. No timing: this is
+the acceptance side of the speedup, free of the machine's noise.
 
     python benchmarks/draft_agreement.py                               # the default draft
     python benchmarks/draft_agreement.py --draft old=/tmp/old --draft default
@@ -20,7 +21,7 @@ import torch
 
 from specdec.distill.data import encode_prompt, generate_examples
 from specdec.distill.evaluate import evaluate_held_out
-from specdec.prompt_sets import ALL_PROMPTS, TASK_KINDS
+from specdec.prompt_sets import OPEN_ENDED_PROMPTS, TASK_KINDS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     target_dir = resolve_target(args.target)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    prompts = [encode_prompt(tokenizer, list(p.messages)) for p in ALL_PROMPTS]
+    prompts = [encode_prompt(tokenizer, list(p.messages)) for p in OPEN_ENDED_PROMPTS]
     examples = generate_examples(target, tokenizer, prompts, args.max_new_tokens, batch_size=len(prompts),
                                  top_k=1)
-    by_kind = {kind: [e for p, e in zip(ALL_PROMPTS, examples) if p.kind == kind] for kind in TASK_KINDS}
+    by_kind = {kind: [e for p, e in zip(OPEN_ENDED_PROMPTS, examples) if p.kind == kind]
+               for kind in TASK_KINDS}
     results: dict[str, dict] = {}
     for name, spec in map(_named, args.draft or ["default"]):
         draft = load_draft(resolve_model_dir(spec, "draft"), target_dir=target_dir).eval()
@@ -70,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                  for k in ["all", *TASK_KINDS]]
         print(f"| {name} | {' | '.join(cells)} |")
     print(f"(greedy agreement / τ at K={args.k}, teacher-forced on the target's greedy answers to the "
-          f"{len(ALL_PROMPTS)} demo and benchmark prompts, ≤{args.max_new_tokens} tokens)")
+          f"{len(OPEN_ENDED_PROMPTS)} demo and benchmark prompts, ≤{args.max_new_tokens} tokens)")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"k": args.k, "max_new_tokens": args.max_new_tokens,
-                                        "num_prompts": len(ALL_PROMPTS), "drafts": results}, indent=1))
+                                        "num_prompts": len(OPEN_ENDED_PROMPTS), "drafts": results}, indent=1))
     return 0
 
 

@@ -24,6 +24,7 @@ import torch
 from draft_service.engine import DraftEngine
 from specdec.distill.evaluate import step_seconds
 from specdec.kv_cache import SequenceCache
+from specdec.ragged import run_alone
 from specdec.models import ModelConfig, load_model
 from specdec.sampling import SamplingParams
 
@@ -64,9 +65,9 @@ def draft_proposer(args: argparse.Namespace):
     """The draft prefilled with the prompt; propose(i) feeds one new committed token and drafts
     one (the Propose of K = 1 every case times)."""
     engine = DraftEngine(load_model(ModelConfig(model=args.draft, role="draft", dtype=args.dtype)), top_m=64)
-    vocab = engine.loaded.vocab_size
-    state = engine.prefill(prompt_ids(vocab, args.context), SamplingParams())
-    return lambda i: engine.propose(state, [(1234 + i) % vocab], 1)
+    vocab, model = engine.loaded.vocab_size, engine.loaded.model
+    state = run_alone(model, engine.prefill(prompt_ids(vocab, args.context), SamplingParams()))
+    return lambda i: run_alone(model, engine.propose(state, [(1234 + i) % vocab], 1))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,19 +42,26 @@ class DraftService(SessionService[DraftSessionState]):
     async def propose(
         self, handle: Handle, new_committed: list[int], num_speculative_tokens: int
     ) -> tuple[Handle, Proposal, Timing]:
-        limit = self.config.max_num_speculative_tokens
-        if not 1 <= num_speculative_tokens <= limit:
-            raise OutOfRange(f"num_speculative_tokens must be in [1, {limit}], got {num_speculative_tokens}")
-        check_token_ids(new_committed, self.loaded.vocab_size, "new_committed_token_ids")
-        new_length = handle.committed_length + len(new_committed)
-        if new_length + num_speculative_tokens > self.loaded.max_context:
-            raise OutOfRange(f"drafting {num_speculative_tokens} tokens at length {new_length} exceeds "
-                             f"the max context {self.loaded.max_context}")
-        if new_length < 1:
-            raise InvalidInput("the committed sequence is empty")
+        new_length = check_propose(self, handle, new_committed, num_speculative_tokens)
 
         def apply(state: DraftSessionState) -> Job[tuple[int, Proposal]]:
             proposal = yield from self.engine.propose(state, new_committed, num_speculative_tokens)
             return new_length, proposal
 
         return await self.call(handle, apply)
+
+
+def check_propose(service: SessionService, handle: Handle, new_committed: list[int],
+                  num_speculative_tokens: int) -> int:
+    """Checks a Propose against the service's limits; returns the committed length it leads to."""
+    limit = service.config.max_num_speculative_tokens
+    if not 1 <= num_speculative_tokens <= limit:
+        raise OutOfRange(f"num_speculative_tokens must be in [1, {limit}], got {num_speculative_tokens}")
+    check_token_ids(new_committed, service.loaded.vocab_size, "new_committed_token_ids")
+    new_length = handle.committed_length + len(new_committed)
+    if new_length + num_speculative_tokens > service.loaded.max_context:
+        raise OutOfRange(f"drafting {num_speculative_tokens} tokens at length {new_length} exceeds "
+                         f"the max context {service.loaded.max_context}")
+    if new_length < 1:
+        raise InvalidInput("the committed sequence is empty")
+    return new_length

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import grpc
 
+from draft_service.lookup_service import LookupDraftService
 from draft_service.service import DraftService
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    def __init__(self, service: DraftService) -> None:
+    def __init__(self, service: DraftService | LookupDraftService) -> None:
         self.service = service
 
     async def Prefill(self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext):

@@ -42,7 +42,7 @@ from orchestrator.service import OrchestratorService, PromptInput
 from orchestrator.stats import GenerationStats
 from specdec import errors
 from specdec.protocol import SamplingParams
-from specdec.rpc.auth import bearer_token_matches
+from specdec.rpc.auth import matching_token, token_partition
 from specdec.rpc.server import TlsConfig, check_port_free
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,18 @@ SSE_PING_SECONDS = 15.0  # a comment line every so often keeps proxies from clos
 class HttpConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: an ephemeral port
-    auth_token: str | None = field(default=None, repr=False)  # None: no token asked for
+    # None: no token asked for; several: several clients, each with its own token
+    auth_token: str | tuple[str, ...] | None = field(default=None, repr=False)
     tls: TlsConfig | None = None  # HTTPS; with tls.ca_file, client certificates signed by it
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"the HTTP port must be in [0, 65536), got {self.port}")
+
+    @property
+    def auth_tokens(self) -> tuple[str, ...] | None:
+        token = self.auth_token
+        return (token,) if isinstance(token, str) else token
 
 
 # -- errors in OpenAI's shape ------------------------------------------------------------------
@@ -280,6 +286,9 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "target_replica": stats.target_replica,
         "draft_replica": stats.draft_replica,
         "controller_estimates": dict(stats.controller_estimates),
+        # by the method that proposed them: model, ngram, suffix (as the gRPC stats' maps)
+        "drafted_tokens_by_method": dict(stats.drafted_by_method),
+        "accepted_tokens_by_method": dict(stats.accepted_by_method),
     })
 
 
@@ -392,8 +401,8 @@ class _Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        token = self.api.config.auth_token
-        if token is not None and not bearer_token_matches(Headers(scope=scope).get("authorization"), token):
+        tokens = self.api.config.auth_tokens
+        if tokens is not None and matching_token(Headers(scope=scope).get("authorization"), tokens) is None:
             refusal = ApiError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')",
                                code="invalid_api_key")
             await refusal.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
@@ -543,9 +552,11 @@ class HttpApi:
             raise ApiError(400, f"this model's maximum context length is {max_context} tokens; the "
                                 f"prompt has {len(prompt_ids)} and {name} asks for {limit} more",
                            param=name, code="context_length_exceeded")
+        tokens = self.config.auth_tokens  # the gate let the request in: it carries one of them
+        partition = token_partition(matching_token(request.headers.get("authorization"), tokens)) if tokens else ""
         chunks = self.service.generate(
             PromptInput(prompt_token_ids=prompt_ids), max_new_tokens=limit, sampling=body.sampling(),
-            stop=body.stop_strings(), speculation=body.speculation(),
+            stop=body.stop_strings(), speculation=body.speculation(), partition=partition,
         )
         shape = _Shape(chat=chat, model=self.model_id,
                        include_usage=bool(body.stream_options and body.stream_options.include_usage))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.lookup import (
+from specdec.lookup import (
     DRAFT_METHODS,
     SUFFIX_CACHE_MODES,
     Lookup,
@@ -81,21 +81,44 @@ class LookupConfig:
 
 
 class LocalDrafts:
-    """The orchestrator's lookup drafts: makes one per request, holds the shared cache."""
+    """The orchestrator's lookup drafts: makes one per request, holds the shared caches.
+
+    The shared suffix cache is partitioned: a request's lookups see (and its output joins) only
+    the cache of its partition. With bearer tokens configured the partition is the request's token
+    (orchestrator/servicer.py, http_api.py), so no proposal for one token's session is drawn from
+    what only another token's sessions saw; without tokens every request is in partition "".
+    Each partition is bounded by suffix_cache_tokens; there are as many as configured tokens."""
 
     def __init__(self, method: str, config: LookupConfig = LookupConfig()) -> None:
         self.method = method
         self.config = config
-        self.cache = (SuffixCache(config.suffix_cache_tokens, config.suffix_max_depth)
-                      if config.suffix_cache == "shared" and method in ("suffix", "hybrid") else None)
+        self.shared = config.suffix_cache == "shared" and method in ("suffix", "hybrid")
+        self.caches: dict[str, SuffixCache] = {}  # partition -> its shared cache
+        if self.shared:
+            self.cache_of("")
 
-    def session(self) -> LocalDraft | None:
-        """A request's lookup draft, or None for the model draft alone."""
+    @property
+    def cache(self) -> SuffixCache | None:
+        """The shared cache of the requests without a token (None: no shared cache)."""
+        return self.caches.get("")
+
+    def cache_of(self, partition: str) -> SuffixCache | None:
+        if not self.shared:
+            return None
+        cache = self.caches.get(partition)
+        if cache is None:
+            cache = self.caches[partition] = SuffixCache(self.config.suffix_cache_tokens,
+                                                         self.config.suffix_max_depth)
+        return cache
+
+    def session(self, partition: str = "") -> LocalDraft | None:
+        """A request's lookup draft (its shared cache: its partition's), or None for the model
+        draft alone."""
         config = self.config
         if self.method == "ngram":
             proposer: Proposer = NgramProposer(config.ngram_min, config.ngram_max)
         elif self.method in ("suffix", "hybrid"):
-            proposer = SuffixProposer(config.suffix_max_depth, config.suffix_min_share, self.cache)
+            proposer = SuffixProposer(config.suffix_max_depth, config.suffix_min_share, self.cache_of(partition))
         else:
             return None
         lookup_method = "suffix" if self.method == "hybrid" else self.method

@@ -38,6 +38,7 @@ from specdec.errors import (
     SessionLost,
     Unavailable,
 )
+from specdec.lookup import proposal_method
 from specdec.protocol import Handle, Proposal, Reply, SamplingParams, VerifyOutcome
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,13 @@ class SessionReplicas:
     @property
     def has_draft(self) -> bool:
         return self.draft is not None
+
+    @property
+    def draft_method(self) -> str:
+        """What the draft replica's proposals are counted under: "model", or the lookup of a
+        replica that serves one (`specdec serve draft --method ngram|suffix`)."""
+        info = self.draft.replica.info if self.draft is not None else None
+        return proposal_method(info.model_id) if info is not None else "model"
 
     async def reattach_draft_if_due(self, committed: Sequence[int]) -> None:
         """Called once per round while the session has no draft."""

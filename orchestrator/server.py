@@ -11,6 +11,7 @@ from orchestrator.recovery import wait_for_releases
 from orchestrator.service import OrchestratorConfig, OrchestratorService
 from orchestrator.servicer import OrchestratorServicer
 from specdec.metrics import serve_registry
+from specdec.rpc.auth import BearerTokenInterceptor
 from specdec.rpc.server import CallGate, RunningServer, ServerConfig, check_port_free, ready_metrics
 from specdec.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -29,7 +30,9 @@ async def start(
         await running.start_health()
     service = OrchestratorService(config)
     await service.start()
-    servicer = OrchestratorServicer(service)
+    # Bearer tokens, if the API asks for them: a request's token names its partition of shared state.
+    tokens = next((i.tokens for i in server_config.interceptors if isinstance(i, BearerTokenInterceptor)), None)
+    servicer = OrchestratorServicer(service, tokens)
     await running.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     return running, service
 

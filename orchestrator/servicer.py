@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import grpc
 
@@ -12,6 +13,7 @@ from orchestrator.service import OrchestratorService, PromptInput
 from orchestrator.stats import GenerationStats
 from specdec.errors import InvalidInput
 from specdec.rpc import convert
+from specdec.rpc.auth import matching_token, metadata_authorization, token_partition
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
@@ -31,8 +33,16 @@ FINISH_OF = {
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
-    def __init__(self, service: OrchestratorService) -> None:
+    def __init__(self, service: OrchestratorService, auth_tokens: Sequence[str] | None = None) -> None:
         self.service = service
+        # The tokens the server accepts: a request's token names its partition of shared state.
+        self.auth_tokens = tuple(auth_tokens) if auth_tokens else None
+
+    def _partition(self, context: grpc.aio.ServicerContext) -> str:
+        if self.auth_tokens is None:
+            return ""
+        value = metadata_authorization(context.invocation_metadata())
+        return token_partition(matching_token(value, self.auth_tokens))
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         if request.speculation.mode not in MODE_OF:
@@ -52,6 +62,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             sampling=convert.sampling_from_proto(request.sampling, draw_seed=True),
             stop=tuple(request.stop),
             speculation=speculation,
+            partition=self._partition(context),
         )
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:

@@ -13,8 +13,9 @@ it measures a window with its adaptive sessions doing what they decided so far (
 their controllers choose, or all at K = 0) and, right after, a window doing the other, and keeps
 whichever committed more tokens per second, by a margin. A decision that holds doubles the time
 to the next test (up to a ceiling); one that flips resets it; a test whose windows saw different
-loads is discarded. With fewer than two sessions the guard stays out of the way: a lone session's
-own K = 0 probes already measure the truth. Nothing here is a setting a user tunes: the windows and
+loads is discarded. With fewer than two sessions (for longer than a window: not the gap between a
+client's requests) the guard stays out of the way: a lone session's own K = 0 probes already
+measure the truth. Nothing here is a setting a user tunes: the windows and
 the margin only decide how quickly and how surely a measured difference is acted on.
 
 The guard sees one orchestrator's sessions; replicas of the orchestrator test on their own.
@@ -34,7 +35,7 @@ class GuardConfig:
     window_seconds: float = 2.0  # each of a test's two windows
     settle_seconds: float = 0.4  # before each window: rounds of the previous mode finish
     margin: float = 0.05
-    first_test_seconds: float = 3.0  # after load appears, and after a decision flips
+    first_test_seconds: float = 1.0  # after load appears, and after a decision flips
     max_interval_seconds: float = 96.0
     min_sessions: int = 2
     max_load_change: float = 0.25  # mean sessions of the two windows may differ by this fraction
@@ -92,6 +93,7 @@ class SpeculationGuard:
         self._interval = config.first_test_seconds
         self._next_test: float | None = None
         self._windows: tuple[_Window, _Window] | None = None  # (kept mode, the other mode)
+        self._low_since: float | None = 0.0  # since when fewer than min_sessions have run
 
     @property
     def active_sessions(self) -> int:
@@ -120,18 +122,26 @@ class SpeculationGuard:
         if self._windows is not None:
             in_second_window = now >= self._windows[1].start - self.config.settle_seconds
             return self.speculating != in_second_window
-        if self._active < self.config.min_sessions:
+        if self._load_gone(now):
             return True
         return self.speculating
+
+    def _load_gone(self, now: float) -> bool:
+        """Fewer than min_sessions for longer than a window (not a closed-loop client's gap
+        between one request and its next)."""
+        return self._low_since is not None and now - self._low_since > self.config.window_seconds
 
     def _advance(self, now: float) -> None:
         config = self.config
         if self._windows is not None and now >= self._windows[1].end:
             self._decide(now)
         if self._active < config.min_sessions:
-            if self._windows is not None or self._next_test is not None:
+            if self._low_since is None:
+                self._low_since = now
+            if self._load_gone(now) and (self._windows is not None or self._next_test is not None):
                 self._windows, self._next_test = None, None  # the load went: test again once it is back
             return
+        self._low_since = None
         if self._next_test is None:
             self._next_test = now + config.first_test_seconds
         if self._windows is None and now >= self._next_test:

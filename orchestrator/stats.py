@@ -15,6 +15,9 @@ class StatsObserver(Protocol):
 
     def round(self, num_speculative_tokens: int, num_accepted: int) -> None: ...
 
+    def method_round(self, method: str, num_speculative_tokens: int, num_accepted: int) -> None:
+        """A drafted round's tokens by the method that proposed them (model, ngram, suffix)."""
+
 
 @dataclass
 class GenerationStats:
@@ -64,6 +67,8 @@ class GenerationStats:
         self.committed_in_rounds += committed
 
     def add_method_round(self, method: str, num_speculative_tokens: int, num_accepted: int) -> None:
+        if self.observer is not None:
+            self.observer.method_round(method, num_speculative_tokens, num_accepted)
         self.drafted_by_method[method] = self.drafted_by_method.get(method, 0) + num_speculative_tokens
         self.accepted_by_method[method] = self.accepted_by_method.get(method, 0) + num_accepted
 

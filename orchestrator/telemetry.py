@@ -3,9 +3,10 @@
 Metrics (Prometheus, served on --metrics-port): the speculative-decoding counters and latency
 histograms under vLLM's names with the `specdec:` prefix and vLLM's `model_name` label (the
 target's model id), so a vLLM dashboard or alert reads them with the prefix changed, plus what is
-specdec's own: the K chosen each round, the RTT of each hop, re-prefills, rounds without a draft,
-and `specdec_active_sessions{role="orchestrator"}`, the streams in flight that the orchestrator's
-HPA scales on. deploy/README.md has the PromQL; deploy/grafana/ a dashboard.
+specdec's own: draft and accepted tokens by the method that proposed them (`method`: model, ngram
+or suffix), the K chosen each round, the RTT of each hop, re-prefills, rounds without a draft,
+and `specdec_active_sessions{role="orchestrator"}`, the streams in flight that the
+orchestrator's HPA scales on. deploy/README.md has the PromQL; deploy/grafana/ a dashboard.
 
 Traces (OpenTelemetry, specdec/tracing.py): a `generate` span per request, inside it a `prefill`
 span and one `round` span per round, and inside those the CLIENT span of each call to a replica
@@ -46,6 +47,8 @@ RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 # Finish reasons: the loop's, then "abort" (the client went away) and "error" (the request failed).
 FINISH_REASONS = ("length", "eos", "stop", "context", "abort", "error")
 HOPS = ("draft", "target")
+# The methods that propose drafts (orchestrator/local_draft.py): a draft model, or a lookup.
+PROPOSAL_METHODS = ("model", "ngram", "suffix")
 
 
 class Telemetry:
@@ -77,6 +80,14 @@ class Telemetry:
             "specdec:spec_decode_num_draft_tokens_per_pos",
             "Draft tokens proposed at each position of a round (K varies by round: the denominator "
             "of acceptance by position)", [*model, "position"])
+        self.draft_tokens_by_method = counter(
+            "specdec:spec_decode_num_draft_tokens_by_method",
+            "Draft tokens proposed, by the method that proposed them (model, ngram, suffix)",
+            [*model, "method"])
+        self.accepted_by_method = counter(
+            "specdec:spec_decode_num_accepted_tokens_by_method",
+            "Draft tokens accepted by the target, by the method that proposed them (model, ngram, "
+            "suffix)", [*model, "method"])
         # vLLM's request metrics.
         self.time_to_first_token = histogram("specdec:time_to_first_token_seconds",
                                              "Seconds from a request's arrival to its first token",
@@ -125,6 +136,9 @@ class Telemetry:
             self.request_success.labels(model_name, reason)
         for hop in HOPS:
             self.hop_rtt.labels(model_name, hop)
+        for method in PROPOSAL_METHODS:
+            self.draft_tokens_by_method.labels(model_name, method)
+            self.accepted_by_method.labels(model_name, method)
         for family in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
                        self.time_to_first_token, self.inter_token_latency, self.time_per_output_token,
                        self.e2e_request_latency, self.prompt_tokens, self.generation_tokens,
@@ -174,6 +188,11 @@ class RequestTelemetry:
             drafted.inc()
             if position < num_accepted:
                 accepted.inc()
+
+    def method_round(self, method: str, num_speculative_tokens: int, num_accepted: int) -> None:
+        t = self.telemetry
+        t.draft_tokens_by_method.labels(self.model_name, method).inc(num_speculative_tokens)
+        t.accepted_by_method.labels(self.model_name, method).inc(num_accepted)
 
     # -- the stream -----------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ class SessionService(Generic[State]):
         """Runs the job build() (-> state, committed length, result) on the worker as a new epoch."""
         self._refuse_if_draining()
         with self.store.admission(session_id, len(token_ids)):
-            timed = await self.worker.run_job(build)
+            timed = await self.run_job(build, session_id)
         state, committed_length, result = timed.value
         session = self.store.create(session_id, committed_length, state)
         return self._handle(session), result, _timing(timed)
@@ -100,11 +100,16 @@ class SessionService(Generic[State]):
                 session.record(handle.committed_length, new_length, (new_handle, result, Timing(0.0, 0.0)))
                 return new_handle, result
 
-            timed = await self.worker.run_job(work)
+            timed = await self.run_job(work, handle.session_id)
             new_handle, result = timed.value
             timing = _timing(timed)
             session.last_response = (new_handle, result, timing)
             return new_handle, result, timing
+
+    async def run_job(self, make_job: Callable[[], Job[Any]], session_id: str) -> Timed:
+        """Runs a session's job: on the model worker, batched into its forward passes (a service
+        without a model, draft_service/lookup_service.py, runs its jobs itself)."""
+        return await self.worker.run_job(make_job, key=session_id)
 
     async def release(self, session_id: str) -> bool:
         return self.store.release(session_id)

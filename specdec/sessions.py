@@ -133,6 +133,10 @@ class SessionStore(Generic[State]):
         session.last_used = self._clock()
         return session
 
+    def get(self, session_id: str) -> Session[State] | None:
+        """The session, if held (no epoch check, no touch: for its owner's bookkeeping)."""
+        return self._sessions.get(session_id)
+
     def release(self, session_id: str) -> bool:
         return self._sessions.pop(session_id, None) is not None
 

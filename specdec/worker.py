@@ -87,6 +87,8 @@ _model_thread: ThreadPoolExecutor | None = None
 _model_thread_lock = threading.Lock()
 # Below this many tokens a feed counts as a decode step and goes before prompt chunks.
 _SHORT_FEED = 64
+# A session back after longer than this is not in step with anyone: its gap is not learnt from.
+_MAX_RETURN_GAP = 0.5
 # A prompt chunk gets at least this many tokens of a pass, whatever the decode rows left.
 _MIN_CHUNK = 16
 
@@ -112,6 +114,7 @@ class _Entry:
     future: concurrent.futures.Future
     make_job: Callable[[], Job] | None = None
     fn: Callable[[], Any] | None = None
+    key: str | None = None  # the session a job belongs to (sessions due back are waited for)
     submitted: float = field(default_factory=time.perf_counter)
     job: Job | None = None
     feed: Feed | None = None  # what the job feeds next
@@ -148,6 +151,12 @@ class ModelWorker:
         self._scheduled = False
         self._closed = False
         self._alone: _Entry | None = None  # the plain call running, if any
+        self._arrived = threading.Condition(self._lock)
+        # Sessions whose last job finished recently, by key: when each finished; and the mean gap
+        # between a session's job finishing and its next arriving (its caller's round trip).
+        self._served: dict[str, float] = {}
+        self._return_gap: float | None = None
+        self._last_pass_seconds = 0.0
         self.counters = PassCounters()
         self.observer: PassObserver | None = None
 
@@ -164,11 +173,13 @@ class ModelWorker:
         """fn() on the model thread, alone (no other job of this worker runs meanwhile)."""
         return await self._submit(_Entry(concurrent.futures.Future(), fn=fn))
 
-    async def run_job(self, make_job: Callable[[], Job]) -> Timed:
-        """Runs the job make_job() returns (made on the model thread), batched with others."""
+    async def run_job(self, make_job: Callable[[], Job], key: str | None = None) -> Timed:
+        """Runs the job make_job() returns (made on the model thread), batched with others. key
+        names the session: a session whose job just finished and whose next one is due back
+        within its usual round trip is waited for, briefly, so that it joins the next pass."""
         if self._model is None:
             raise RuntimeError("this worker has no model to run jobs on")
-        return await self._submit(_Entry(concurrent.futures.Future(), make_job=make_job))
+        return await self._submit(_Entry(concurrent.futures.Future(), make_job=make_job, key=key))
 
     async def _submit(self, entry: _Entry) -> Timed:
         if self._closed:
@@ -177,7 +188,12 @@ class ModelWorker:
             raise Overloaded(f"model worker queue is full ({self.max_queue} calls waiting)")
         self._pending += 1
         with self._lock:
+            finished = self._served.pop(entry.key, None) if entry.key is not None else None
+            if finished is not None and entry.submitted - finished < _MAX_RETURN_GAP:
+                gap = entry.submitted - finished
+                self._return_gap = gap if self._return_gap is None else 0.8 * self._return_gap + 0.2 * gap
             self._waiting.append(entry)
+            self._arrived.notify_all()
             self._schedule()
         future = asyncio.wrap_future(entry.future)
         try:
@@ -203,6 +219,8 @@ class ModelWorker:
             with self._lock:
                 alone = self._alone = self._admit()
                 closing = self._closed
+                if alone is None and not closing and self._active:
+                    self._wait_for_sessions_due_back()
                 entries = list(self._active)
             if alone is not None:
                 self._run_alone(alone)
@@ -214,9 +232,33 @@ class ModelWorker:
         finally:
             with self._lock:
                 self._alone = None
+                finished = time.perf_counter()
+                for entry in self._active:
+                    if entry.future.done() and entry.key is not None:
+                        self._served[entry.key] = finished
                 self._active = [e for e in self._active if not e.future.done()]
                 self._scheduled = False
                 self._schedule()
+
+    def _wait_for_sessions_due_back(self) -> None:
+        """Before a pass: if sessions served a moment ago are due back within their usual round
+        trip, waits for them (at most half the last pass's time), so that sessions in step stay
+        in step. Without it two sessions settle into taking turns: each arrives while the other's
+        pass runs and gets a pass of its own. Nobody waits for a session that is not expected:
+        alone, a session's pass starts when it arrives. Call with the lock held."""
+        if self._return_gap is None or not self._served:
+            return
+        now = time.perf_counter()
+        due = self._return_gap * 1.5
+        self._served = {k: t for k, t in self._served.items() if now - t < _MAX_RETURN_GAP}
+        expected = [t + due for t in self._served.values() if t + due > now]
+        if not expected:
+            return
+        deadline = min(max(expected), now + 0.5 * self._last_pass_seconds)
+        while now < deadline and any(t + due > now for t in self._served.values()):
+            self._arrived.wait(deadline - now)
+            self._admit()
+            now = time.perf_counter()
 
     def _admit(self) -> _Entry | None:
         """Moves waiting jobs to the active set in order; returns a plain call to run alone once
@@ -267,6 +309,7 @@ class ModelWorker:
                 self._fail(entry, error)
             return
         seconds = time.perf_counter() - started
+        self._last_pass_seconds = seconds
         rows = sum(len(feed.token_ids) for feed in feeds)
         counters = self.counters
         self.counters = PassCounters(rows, len(feeds), counters.passes_total + 1,

@@ -11,13 +11,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from draft_service.lookup_service import LookupDraftConfig
 from draft_service.service import DraftConfig
 from orchestrator.clients import RpcTimeouts
 from orchestrator.k_policy import SPECULATION_MODES
 from orchestrator.local_draft import LookupConfig
-from orchestrator.lookup import DRAFT_METHODS, SUFFIX_CACHE_MODES
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
+from specdec.lookup import DRAFT_METHODS, LOOKUP_METHODS, SUFFIX_CACHE_MODES
 from specdec.models import ModelConfig
 from specdec.rpc.auth import TOKEN_ENV
 from specdec.rpc.server import ServerConfig, TlsConfig, check_port_free
@@ -97,6 +98,15 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
         parser.add_argument("--top-m", type=int, default=default_of(DraftConfig, "top_m"),
                             help="entries of each draft distribution sent when sampling (default "
                                  "and maximum: %(default)s)")
+        parser.add_argument("--method", choices=("model", *LOOKUP_METHODS), default="model",
+                            help="model: the draft model proposes; ngram / suffix: a lookup in the "
+                                 "session's tokens proposes, no model loaded (--model then names "
+                                 "the target, whose config and tokenizer give the vocabulary)")
+        parser.add_argument("--suffix-cache", choices=SUFFIX_CACHE_MODES,
+                            default=default_of(LookupDraftConfig, "suffix_cache"),
+                            help="with --method suffix: the session's own tokens (session), or "
+                                 "also a bounded cache of the outputs of this replica's sessions "
+                                 "(shared)")
 
 
 def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
@@ -138,8 +148,9 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
                         help="address the HTTP API binds (default: --host)")
     parser.add_argument("--auth-token-file", type=Path, default=None,
                         help=f"clients of the API (gRPC and HTTP) must send 'authorization: Bearer "
-                             f"<token>' with the token in this file (default: ${TOKEN_ENV} if set, "
-                             f"else no token)")
+                             f"<token>' with the token in this file, or with one of its lines (several "
+                             f"clients, each with its own token; a shared suffix cache is kept apart "
+                             f"per token) (default: ${TOKEN_ENV} if set, else no token)")
     parser.add_argument("--upstream-tls-cert", type=Path, default=None,
                         help="client certificate shown to the draft and target replicas "
                              "(default: --tls-cert)")
@@ -197,6 +208,8 @@ def run_model_service(args: argparse.Namespace) -> int:
         )
         server = server_config(args)
         draft = DraftConfig(top_m=args.top_m) if args.role == "draft" else None
+        lookup = (LookupDraftConfig(method=args.method, suffix_cache=args.suffix_cache)
+                  if args.role == "draft" and args.method != "model" else None)
     if args.role == "target":
         from target_service.server import serve
 
@@ -206,7 +219,7 @@ def run_model_service(args: argparse.Namespace) -> int:
         from draft_service.server import serve
 
         with tracing_flushed():
-            asyncio.run(serve(model, service, server, args.metrics_port, draft))
+            asyncio.run(serve(model, service, server, args.metrics_port, draft, lookup))
     return 0
 
 
@@ -284,10 +297,10 @@ def run_orchestrator(args: argparse.Namespace) -> int:
     from orchestrator.server import serve
     from specdec.errors import IncompatibleModels, Unavailable
 
-    from specdec.rpc.auth import BearerTokenInterceptor, load_token
+    from specdec.rpc.auth import BearerTokenInterceptor, load_tokens
 
     try:
-        token = load_token(args.auth_token_file)
+        token = load_tokens(args.auth_token_file)  # one or several (one per line)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot read the auth token: {error}") from error
     with flag_values():
@@ -311,7 +324,7 @@ def run_orchestrator(args: argparse.Namespace) -> int:
     return 0
 
 
-def http_config(args: argparse.Namespace, server: ServerConfig, token: str | None):
+def http_config(args: argparse.Namespace, server: ServerConfig, token: tuple[str, ...] | None):
     """The HTTP API's settings, None without --http-port: the gRPC port's host (unless
     --http-host), bearer token and TLS (HTTPS, client certificates when --tls-ca)."""
     if args.http_port is None:

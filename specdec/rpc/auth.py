@@ -3,14 +3,17 @@
 Every call must carry the metadata `authorization: Bearer <token>`; a missing or wrong token gets
 UNAUTHENTICATED before the handler runs. Health (grpc.health.v1) stays open, because probes and
 load balancers carry no token. The token comes from a file (a Kubernetes Secret mounted as one)
-or the SPECDEC_AUTH_TOKEN environment variable.
+or the SPECDEC_AUTH_TOKEN environment variable; a server takes several, one per line (several
+clients, each with its own token: state shared across requests, such as the orchestrator's
+shared suffix cache, is then kept apart per token).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import grpc
@@ -47,24 +50,65 @@ def bearer_token_matches(value: str | None, token: str) -> bool:
     return hmac.compare_digest(value[len(SCHEME):].strip().encode(), token.encode())
 
 
+def load_tokens(token_file: Path | None, environ: dict[str, str] | None = None) -> tuple[str, ...] | None:
+    """The tokens a server accepts: one per line of token_file if given, else of
+    $SPECDEC_AUTH_TOKEN; None if neither is set. Several tokens are several clients, each with its
+    own (a shared suffix cache is then partitioned per token: orchestrator/local_draft.py).
+    Blank lines and surrounding whitespace are dropped; no token at all is an error."""
+    environ = os.environ if environ is None else environ
+    if token_file is not None:
+        text, source = token_file.read_text(encoding="utf-8"), str(token_file)
+    elif environ.get(TOKEN_ENV) is not None:
+        text, source = environ[TOKEN_ENV], f"${TOKEN_ENV}"
+    else:
+        return None
+    tokens = tuple(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+    if not tokens:
+        raise ValueError(f"the auth token in {source} is empty")
+    return tokens
+
+
+def matching_token(value: str | None, tokens: Sequence[str]) -> str | None:
+    """The token of `tokens` that an authorization value carries, or None. Every token is
+    compared (in constant time), so timing reveals neither a guess's progress nor which matched."""
+    found = None
+    for token in tokens:
+        if bearer_token_matches(value, token):
+            found = token
+    return found
+
+
+def token_partition(token: str | None) -> str:
+    """The name of a caller's partition of shared state: "" without a token, else a digest of
+    the token (the token itself is kept nowhere but in the configuration)."""
+    if token is None:
+        return ""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def metadata_authorization(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The bearer authorization value of call metadata, if any."""
+    for key, value in metadata or ():
+        if key.lower() == METADATA_KEY and isinstance(value, str) and value[: len(SCHEME)].lower() == SCHEME:
+            return value
+    return None
+
+
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     """Call metadata that authenticates a client."""
     return ((METADATA_KEY, f"Bearer {token}"),)
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str) -> None:
-        if not token:
+    """Lets through the calls that carry one of the tokens (one token, or several clients')."""
+
+    def __init__(self, token: str | Sequence[str]) -> None:
+        self.tokens: tuple[str, ...] = (token,) if isinstance(token, str) else tuple(token)
+        if not self.tokens or not all(self.tokens):
             raise ValueError("the auth token must not be empty")
-        self._token = token
 
     def _authenticated(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> bool:
-        for key, value in metadata or ():
-            if key.lower() != METADATA_KEY or not isinstance(value, str):
-                continue
-            if value[: len(SCHEME)].lower() == SCHEME:
-                return bearer_token_matches(value, self._token)
-        return False
+        return matching_token(metadata_authorization(metadata), self.tokens) is not None
 
     async def intercept_service(
         self,

@@ -22,13 +22,15 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_the_parser_and_the_client_commands_import_neither_torch_nor_transformers():
     result = _python(
         "import specdec_cli.main as m; m.build_parser(); "
-        "import specdec_cli.generate_cmd, specdec_cli.pools_cmd, specdec_cli.client; import sys; "
+        "import specdec_cli.generate_cmd, specdec_cli.pools_cmd, specdec_cli.bench_cmd, specdec_cli.client; "
+        "import sys; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, "
         "sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'transformers'))[:5]")
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("command", [["generate", "--help"], ["pools", "--help"], ["--help"]])
+@pytest.mark.parametrize("command", [["generate", "--help"], ["pools", "--help"], ["bench", "--help"],
+                                     ["--help"]])
 def test_help_of_a_client_command_runs_without_torch(command):
     # -X importtime lists every module the process imported, on stderr.
     result = subprocess.run([sys.executable, "-X", "importtime", *specdec_command(*command)[1:]],

@@ -88,6 +88,30 @@ def test_text_prompt_and_chat_stream_text(services):
     assert last.stats.prompt_tokens == len("u:hi there\na:")
 
 
+def test_serve_draft_method_suffix_is_a_draft_replica_without_a_model(services, tiny_pair, reference_target):
+    """`specdec serve draft --method suffix --model TARGET`: a draft pool's replica that answers
+    from a lookup in the target's vocabulary; an orchestrator takes it like any draft replica and
+    counts its tokens under "suffix"."""
+    started = []
+    try:
+        started.append(start_service("draft", [
+            "--model", str(tiny_pair.target_dir), "--method", "suffix", "--suffix-cache", "shared",
+            "--port", "0"], timeout=300))
+        started.append(start_service("orchestrator", [
+            "--target", services["target"].address, "--draft", started[0].address, "--port", "0",
+            "--speculation", "fixed", "--num-speculative-tokens", "4"], timeout=300))
+        prompt = [5, 9, 13, 5, 9, 13, 5, 9]  # a repeat for the lookup to follow
+        tokens, _, last = generate(started[1].address, pb.GenerateRequest(
+            prompt_token_ids=prompt, max_new_tokens=MAX_NEW_TOKENS))
+        assert tokens == _reference(reference_target, prompt)
+        assert set(last.stats.drafted_tokens_by_method) <= {"suffix"}
+        assert "READY draft" in started[0].output() and "model=" in started[0].output()
+    finally:
+        stop_services(started)
+    for service in started:
+        assert service.process.returncode == 0, service.output()
+
+
 @pytest.mark.slow  # ~15 s: a second set of three processes, started and stopped
 def test_up_starts_three_processes_and_stops_them_on_ctrl_c(tiny_pair):
     with run_specdec("up", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),

@@ -72,6 +72,10 @@ def test_chat_completion_is_the_grpc_generate_output(client, stack):
     assert extension["generated_tokens"] == len(tokens) and extension["rounds"] >= 1
     assert extension["drafted_tokens"] == sum(extension["num_speculative_tokens_per_round"])
     assert {"mean_accepted_length", "acceptance_rate", "controller_estimates"} <= set(extension)
+    # Which method proposed the drafts, named as in gRPC's stats: the draft model alone here.
+    drafted, accepted = extension["drafted_tokens"], extension["accepted_tokens"]
+    assert extension["drafted_tokens_by_method"] == ({"model": drafted} if drafted else {})
+    assert extension["accepted_tokens_by_method"] == ({"model": accepted} if drafted else {})
 
 
 def test_streamed_completion_of_token_ids_matches_whole_and_grpc(client, stack):

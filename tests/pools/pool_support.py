@@ -30,7 +30,11 @@ class Stream:
         self._thread.start()
 
     def _read(self) -> None:
-        request = pb.GenerateRequest(prompt_token_ids=self.prompt, max_new_tokens=self.max_new_tokens)
+        # Fixed K: every round calls the draft, so a draft replica's loss is met in the next round
+        # (adaptive K may hold a stream at K = 0, and the speculation guard may hold them all).
+        request = pb.GenerateRequest(prompt_token_ids=self.prompt, max_new_tokens=self.max_new_tokens,
+                                     speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED,
+                                                                      num_speculative_tokens=2))
         try:
             with grpc.insecure_channel(self.address) as channel:
                 for response in orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(request, timeout=300):

@@ -1,10 +1,12 @@
 """Model-free drafts (ngram, suffix, hybrid) through the real services: greedy output equals the
-target's own, lookups are proposed and accepted on repetitive prompts, and a sampled request keeps
-the target's law with one-hot proposals."""
+target's own, lookups are proposed and accepted on repetitive prompts, the method of each draft
+reaches the HTTP API's extension and /metrics, the shared cache is kept apart per bearer token,
+and a sampled request keeps the target's law with one-hot proposals."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import replace
 
@@ -12,19 +14,25 @@ import grpc
 import pytest
 import torch
 
+import draft_service.server
 import orchestrator.server
+from draft_service.lookup_service import LookupDraftConfig, load_vocabulary
+from orchestrator.http_api import HttpApi, HttpConfig
 from orchestrator.local_draft import LookupConfig
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig, PromptInput
 from orchestrator.k_policy import Speculation
-from specdec.protocol import SamplingParams
+from specdec.protocol import SamplingParams, SparseDistribution
+from specdec.rpc.auth import BearerTokenInterceptor, bearer_metadata, token_partition
 from specdec.rpc.server import ServerConfig
+from specdec.serving import ServiceConfig
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
 from tests import stack as stack_module
 from tests import tiny_models
+from tests.http.test_openai_api import post_raw
 from tests.service import test_sampling_services as sampling
 
 MAX_NEW_TOKENS = 32
@@ -45,7 +53,8 @@ class LookupStack:
 
 
 async def start_lookup_stack(target_dir, draft_dir, draft_method: str, num_speculative_tokens: int = 4,
-                             lookup: LookupConfig = LookupConfig(), **target_service) -> LookupStack:
+                             lookup: LookupConfig = LookupConfig(), orchestrator_interceptors: tuple = (),
+                             **target_service) -> LookupStack:
     target_server, _ = await stack_module.start_target(target_dir, **target_service)
     servers = [target_server]
     if draft_method in ("hybrid", "model"):
@@ -60,7 +69,8 @@ async def start_lookup_stack(target_dir, draft_dir, draft_method: str, num_specu
         num_speculative_tokens=num_speculative_tokens, pool=PoolConfig(refresh_seconds=0.5),
         startup_timeout_seconds=30, lookup=lookup,
     )
-    orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+    orchestrator_server, service = await orchestrator.server.start(
+        config, ServerConfig(port=0, interceptors=orchestrator_interceptors))
     return LookupStack([*servers, orchestrator_server], service)
 
 
@@ -142,6 +152,43 @@ def test_local_draft_over_the_public_api(loop_thread, tiny_pair, references):
         loop_thread.run(running.stop())
 
 
+def test_the_method_of_each_draft_reaches_the_http_extension_and_the_metrics(loop_thread, tiny_pair, references):
+    """Hybrid mixes the suffix lookup's rounds and the model's: the HTTP API's `specdec` field
+    says how many tokens each proposed and had accepted, and /metrics' counters by method add up
+    the same numbers over the requests."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, "hybrid"))
+    api = HttpApi(running.service, HttpConfig(port=0))
+    loop_thread.run(api.start())
+    try:
+        drafted: dict[str, int] = {}
+        accepted: dict[str, int] = {}
+        for prompt in references:
+            request = {"model": "any", "prompt": list(prompt), "max_tokens": MAX_NEW_TOKENS, "temperature": 0,
+                       "specdec": {"speculation": "fixed", "num_speculative_tokens": 4}}
+            status, body = post_raw(api, "/v1/completions", json.dumps(request).encode())
+            assert status == 200, body
+            extension = body["specdec"]
+            assert set(extension["drafted_tokens_by_method"]) <= {"model", "suffix"}
+            assert sum(extension["drafted_tokens_by_method"].values()) == extension["drafted_tokens"]
+            assert sum(extension["accepted_tokens_by_method"].values()) == extension["accepted_tokens"]
+            for name, count in extension["drafted_tokens_by_method"].items():
+                drafted[name] = drafted.get(name, 0) + count
+            for name, count in extension["accepted_tokens_by_method"].items():
+                accepted[name] = accepted.get(name, 0) + count
+        assert accepted.get("suffix", 0) > 0 and accepted.get("model", 0) > 0, accepted
+        registry = running.service.telemetry.registry
+        model_name = running.service.reference.model_id
+        for method in ("model", "ngram", "suffix"):
+            labels = {"model_name": model_name, "method": method}
+            assert registry.get_sample_value(
+                "specdec:spec_decode_num_draft_tokens_by_method_total", labels) == drafted.get(method, 0)
+            assert registry.get_sample_value(
+                "specdec:spec_decode_num_accepted_tokens_by_method_total", labels) == accepted.get(method, 0)
+    finally:
+        loop_thread.run(api.stop())
+        loop_thread.run(running.stop())
+
+
 def test_shared_suffix_cache_helps_a_repeated_request(loop_thread, tiny_pair, references):
     shared = LookupConfig(suffix_cache="shared")
     running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, "suffix",
@@ -155,6 +202,112 @@ def test_shared_suffix_cache_helps_a_repeated_request(loop_thread, tiny_pair, re
         assert running.service.local_drafts.cache is not None and len(running.service.local_drafts.cache) == 2
     finally:
         loop_thread.run(running.stop())
+
+
+def test_with_several_tokens_the_shared_cache_is_kept_apart_per_token(loop_thread, tiny_pair, references):
+    """Two clients, each with its own bearer token, on one orchestrator with a shared suffix
+    cache: each token's requests (over gRPC and over HTTP) land in that token's cache only, so no
+    lookup for one client draws on the other's outputs (tests/unit/test_lookup.py plays the
+    lookups themselves against a leak)."""
+    tokens = ("token-of-a", "token-of-b")
+    running = loop_thread.run(start_lookup_stack(
+        tiny_pair.target_dir, tiny_pair.draft_dir, "suffix", lookup=LookupConfig(suffix_cache="shared"),
+        orchestrator_interceptors=(BearerTokenInterceptor(tokens),)))
+    api = HttpApi(running.service, HttpConfig(port=0, auth_token=tokens))
+    loop_thread.run(api.start())
+    try:
+        prompts = list(references)
+        outputs: dict[str, list[tuple[int, ...]]] = {token: [] for token in tokens}
+        with grpc.insecure_channel(running.address) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            for index, prompt in enumerate(prompts[:4]):
+                token = tokens[index % 2]
+                request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS)
+                generated = [t for response in stub.Generate(request, metadata=bearer_metadata(token), timeout=300)
+                             for t in response.token_ids]
+                assert generated == references[prompt]
+                outputs[token].append(tuple(generated))
+        request = {"model": "any", "prompt": list(prompts[4]), "max_tokens": MAX_NEW_TOKENS, "temperature": 0}
+        status, body = post_raw(api, "/v1/completions", json.dumps(request).encode(),
+                                {"Authorization": f"Bearer {tokens[1]}"})
+        assert status == 200, body
+        outputs[tokens[1]].append(tuple(references[prompts[4]]))
+        caches = running.service.local_drafts.caches
+        assert set(caches) == {"", *(token_partition(token) for token in tokens)}
+        for token in tokens:
+            assert caches[token_partition(token)].entries() == outputs[token]
+        assert len(caches[""]) == 0  # every request carried a token
+        assert all(token not in partition for partition in caches for token in tokens)
+    finally:
+        loop_thread.run(api.stop())
+        loop_thread.run(running.stop())
+
+
+# ---------------------------------------- a draft service without a model: serve draft --method
+
+
+async def start_lookup_replica_stack(target_dir, method: str, suffix_cache: str = "session"):
+    """Target, a lookup draft service (no model: the target's vocabulary) and an orchestrator that
+    takes it as its draft pool, like any draft replica. Returns (stack, the lookup service)."""
+    target_server, _ = await stack_module.start_target(target_dir)
+    draft_server, lookup_service = await draft_service.server.start_lookup(
+        load_vocabulary(str(target_dir)), ServiceConfig(replica_id="lookup-0"), ServerConfig(port=0),
+        lookup=LookupDraftConfig(method=method, suffix_cache=suffix_cache))
+    config = OrchestratorConfig(
+        draft=f"127.0.0.1:{draft_server.port}", target=f"127.0.0.1:{target_server.port}",
+        num_speculative_tokens=4, pool=PoolConfig(refresh_seconds=0.5), startup_timeout_seconds=30,
+    )
+    orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+    return LookupStack([target_server, draft_server, orchestrator_server], service), lookup_service
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_a_lookup_draft_service_keeps_the_target_output_and_names_its_method(loop_thread, tiny_pair,
+                                                                              references, method):
+    running, lookup_service = loop_thread.run(start_lookup_replica_stack(tiny_pair.target_dir, method))
+    try:
+        (replica,) = running.service.draft_pool.replicas.values()
+        assert replica.info.model_id == f"lookup:{method}" and not replica.refused
+        accepted = 0
+        for mode in ("fixed", "adaptive"):
+            for prompt, expected in references.items():
+                tokens, stats = loop_thread.run(_generate(running.service, prompt, speculation=Speculation(mode=mode)))
+                assert tokens == expected, f"{method} {mode}: prompt {prompt}"
+                assert set(stats.drafted_by_method) <= {method}  # counted under the lookup, not "model"
+                assert stats.drafted_tokens == sum(stats.drafted_by_method.values())
+                assert stats.draft_replica == "lookup-0"
+                accepted += stats.accepted_by_method.get(method, 0)
+        assert accepted > 0
+        assert lookup_service.worker.counters.passes_total == 0  # no forward pass, ever
+    finally:
+        loop_thread.run(running.stop())
+
+
+def test_a_lookup_draft_service_proposes_one_hot_and_shares_its_cache_across_sessions(loop_thread, tiny_pair):
+    async def scenario():
+        vocabulary = load_vocabulary(str(tiny_pair.target_dir))
+        server, service = await draft_service.server.start_lookup(
+            vocabulary, ServiceConfig(replica_id="lookup-0"), ServerConfig(port=0),
+            lookup=LookupDraftConfig(method="suffix", suffix_cache="shared"))
+        try:
+            prompt, output = [5, 6, 7, 8], [9, 10, 11, 12, 13, 14]
+            handle, _, _ = await service.prefill("one", prompt, SamplingParams(temperature=0.8, seed=1))
+            handle, first, _ = await service.propose(handle, [], 4)
+            assert first.token_ids == ()  # nothing seen yet follows 8
+            handle, _, _ = await service.propose(handle, output, 2)
+            assert await service.release("one")
+            assert service.cache is not None and service.cache.entries() == [tuple(output)]
+            # Another session of the replica: the first one's output is proposed, one-hot.
+            handle, _, _ = await service.prefill("two", [1, 9, 10], SamplingParams(temperature=0.8, seed=2))
+            _, proposal, timing = await service.propose(handle, [], 3)
+            assert proposal.token_ids == (11, 12, 13)
+            assert proposal.distributions == tuple(SparseDistribution((t,), (1.0,)) for t in (11, 12, 13))
+            assert timing.queue_seconds == 0.0
+            assert service.info().model_id == "lookup:suffix" and service.info().vocab_size == vocabulary.vocab_size
+        finally:
+            await server.stop()
+
+    loop_thread.run(scenario())
 
 
 # ------------------------------------------------------------------- sampling: the target's law

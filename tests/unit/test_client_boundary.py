@@ -106,7 +106,7 @@ def test_check_token_ids_names_the_first_id_outside_the_vocabulary():
 ROUTING_MODULES = (
     "specdec.protocol", "specdec.rpc.convert", "specdec.rpc.errors", "orchestrator.clients",
     "orchestrator.pool", "orchestrator.recovery", "orchestrator.generation", "orchestrator.k_policy",
-    "orchestrator.k_controller", "orchestrator.stats", "orchestrator.lookup", "orchestrator.local_draft",
+    "orchestrator.k_controller", "orchestrator.stats", "specdec.lookup", "orchestrator.local_draft",
 )
 
 

@@ -31,24 +31,48 @@ def _normalise(text: str) -> str:
 
 def test_benchmark_prompt_set_shape():
     prompts = _benchmark_prompts()
-    assert len(prompts.DEMO_PROMPTS) == 6 and len(prompts.BENCHMARK_PROMPTS) == 24
+    assert len(prompts.DEMO_PROMPTS) == 7 and len(prompts.BENCHMARK_PROMPTS) == 24
     assert {p.kind for p in prompts.BENCHMARK_PROMPTS} == set(prompts.TASK_KINDS)
+    assert len(prompts.ALL_PROMPTS) == 7 + 24 + 6
     assert len({p.name for p in prompts.ALL_PROMPTS}) == len(prompts.ALL_PROMPTS)
+    # The demo shows one input-grounded prompt beside the six open-ended ones, last.
+    assert [p.kind for p in prompts.DEMO_PROMPTS].count(prompts.GROUNDED_KIND) == 1
+    assert prompts.DEMO_PROMPTS[-1].kind == prompts.GROUNDED_KIND
+    grounded = prompts.GROUNDED_PROMPTS
+    assert len(grounded) == 6 and {p.kind for p in grounded} == {prompts.GROUNDED_KIND}
+    # code to edit, JSON to rewrite, a passage to quote, and second turns that revise the first
+    assert sum("```python" in p.messages[0]["content"] for p in grounded) >= 2
+    assert any("```json" in p.text for p in grounded) and any("Passage:" in p.text for p in grounded)
+    revisions = [p for p in grounded if len(p.messages) == 3]
+    assert len(revisions) >= 2
+    for prompt in revisions:
+        assert [m["role"] for m in prompt.messages] == ["user", "assistant", "user"]
+        assert prompt.text.startswith("Revise")
 
 
 def test_distill_prompts_are_disjoint_from_demo_and_benchmark_prompts():
-    benchmark = _benchmark_prompts().ALL_PROMPTS
+    prompt_sets = _benchmark_prompts()
     # 10,000 covers what the committed draft's run drew from (num_prompts, twice for filtering).
-    distill = [_normalise(m[-1]["content"]) for m in build_prompts(10000, seed=0)]
+    conversations = build_prompts(10000, seed=0)
+    distill = [_normalise(m[-1]["content"]) for m in conversations]
     distill_set = set(distill)
-    joined = "\n".join(distill)
-    for prompt in benchmark:
+    joined = "\n".join(_normalise(message["content"]) for m in conversations for message in m)
+    for prompt in prompt_sets.ALL_PROMPTS:
         assert _normalise(prompt.text) not in distill_set, prompt.name
+    for prompt in prompt_sets.OPEN_ENDED_PROMPTS:
         for quoted in re.findall(r'"([^"]+)"', prompt.text):  # translation sentences
             assert _normalise(quoted) not in joined, prompt.name
-    for topic in _benchmark_prompts().TOPICS:  # not only the texts: their topics too
+    for topic in prompt_sets.TOPICS:  # not only the texts: their topics too
         pattern = re.compile(rf"\b{re.escape(topic)}s?\b")
         assert not [t for t in distill if pattern.search(t)], topic
+    # The grounded prompts' material (the code, JSON, passage and turns they give): no line of it
+    # in any distillation message.
+    grounded = [p for p in prompt_sets.ALL_PROMPTS if p.kind == prompt_sets.GROUNDED_KIND]
+    lines = {_normalise(line) for p in grounded for m in p.messages
+             for line in re.split(r"\n|(?<=[.?!:]) ", m["content"])
+             if len(line.strip()) >= 20}
+    assert len(lines) > 40
+    assert not [line for line in lines if line in joined]
 
 
 def test_overlap_filter_catches_texts_sentences_and_topics():

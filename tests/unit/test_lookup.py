@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from orchestrator.lookup import NO_LOOKUP, NgramProposer, SuffixCache, SuffixProposer
+from specdec.lookup import NO_LOOKUP, NgramProposer, SuffixCache, SuffixProposer
 from specdec.sampling import verify_sampled_one
 
 
@@ -232,7 +232,7 @@ def test_hybrid_takes_the_lookup_only_on_a_strong_match():
 
 def test_lookup_reply_is_one_hot_when_sampling():
     from orchestrator.local_draft import lookup_reply
-    from orchestrator.lookup import Lookup
+    from specdec.lookup import Lookup
     from specdec.protocol import SamplingParams, SparseDistribution
 
     found = Lookup((4, 7), 2.0, 2)
@@ -240,3 +240,104 @@ def test_lookup_reply_is_one_hot_when_sampling():
     assert greedy.token_ids == (4, 7) and greedy.distributions == () and greedy.fed_tokens == 0
     sampled = lookup_reply(found, SamplingParams(temperature=0.8), "s", 10, 1e-5).value
     assert sampled.distributions == (SparseDistribution((4,), (1.0,)), SparseDistribution((7,), (1.0,)))
+
+
+# ------------------------------------------------------------- the shared cache, per token
+
+COMMON = list(range(3, 9))  # tokens every client's sessions use
+PHRASES = ([3, 4, 5], [6, 7, 8])  # common phrases, each client following them its own way
+SECRET = {"a": 100, "b": 200}  # each client's own tokens: base .. base + 3
+
+
+def _client_session(rng: random.Random, client: str) -> tuple[list[int], list[int]]:
+    """A prompt of common tokens, and an output in which common phrases are followed by the
+    client's own tokens: where one cache for both clients would leak, and does."""
+    prompt = [1, 2, *rng.choices(COMMON, k=4)]
+    output: list[int] = []
+    for _ in range(rng.randint(3, 6)):
+        j = rng.randrange(len(PHRASES))
+        output += [*rng.choices(COMMON, k=rng.randint(0, 2)), *PHRASES[j],
+                   SECRET[client] + 2 * j, SECRET[client] + 2 * j + 1]
+    return prompt, output
+
+
+def _play(drafts, partition_of, sessions: int = 60, seed: int = 3):
+    """Plays client sessions ("a" or "b" at random) token by token through drafts; returns the
+    proposed tokens that the session's client never saw (in its earlier sessions or this one's
+    tokens so far), and each client's outputs."""
+    rng = random.Random(seed)
+    seen: dict[str, set[int]] = {"a": set(), "b": set()}
+    outputs: dict[str, list[tuple[int, ...]]] = {"a": [], "b": []}
+    leaks = []
+    for _ in range(sessions):
+        client = rng.choice("ab")
+        prompt, output = _client_session(rng, client)
+        tokens = prompt + output
+        draft = drafts.session(partition_of(client))
+        for end in range(len(prompt), len(tokens)):
+            found, _ = draft.lookup(tokens[:end], 4)
+            allowed = seen[client] | set(tokens[:end])
+            leaks += [(client, token) for token in found.token_ids if token not in allowed]
+        draft.finish(tokens, len(prompt))
+        seen[client] |= set(tokens)
+        outputs[client].append(tuple(output))
+    return leaks, outputs
+
+
+@pytest.mark.parametrize("method", ["suffix", "hybrid"])
+def test_no_proposal_for_one_token_draws_on_another_tokens_sessions(method):
+    from orchestrator.local_draft import LocalDrafts, LookupConfig
+    from specdec.rpc.auth import token_partition
+
+    shared = LookupConfig(suffix_cache="shared")
+    partitions = {client: token_partition(f"token-of-{client}") for client in "ab"}
+    drafts = LocalDrafts(method, shared)
+    leaks, outputs = _play(drafts, partitions.__getitem__)
+    assert leaks == []
+    # Each token's cache holds its own sessions' outputs and nothing else.
+    for client, partition in partitions.items():
+        assert drafts.caches[partition].entries() == outputs[client]
+    assert len(drafts.cache) == 0  # the requests without a token: none here
+    # The check has teeth: one cache for both (no tokens) leaks the other client's tokens.
+    one_cache = LocalDrafts(method, shared)
+    leaks, _ = _play(one_cache, lambda client: "")
+    other = {"a": range(SECRET["b"], SECRET["b"] + 4), "b": range(SECRET["a"], SECRET["a"] + 4)}
+    assert [token for client, token in leaks if token in other[client]]
+
+
+def test_the_session_cache_and_ngram_keep_no_state_across_requests():
+    from orchestrator.local_draft import LocalDrafts
+
+    for method in ("ngram", "suffix"):
+        drafts = LocalDrafts(method)  # --suffix-cache session, the default
+        assert drafts.cache is None and drafts.cache_of("x") is None and drafts.caches == {}
+        leaks, _ = _play(drafts, lambda client: "", sessions=20)
+        assert leaks == []
+
+
+def test_the_server_tokens_and_their_partitions():
+    from specdec.rpc.auth import (
+        BearerTokenInterceptor,
+        load_tokens,
+        matching_token,
+        metadata_authorization,
+        token_partition,
+    )
+
+    assert load_tokens(None, {}) is None
+    assert load_tokens(None, {"SPECDEC_AUTH_TOKEN": "one\n"}) == ("one",)
+    assert load_tokens(None, {"SPECDEC_AUTH_TOKEN": "one\n\n  two \none\n"}) == ("one", "two")
+    with pytest.raises(ValueError):
+        load_tokens(None, {"SPECDEC_AUTH_TOKEN": " \n"})
+    tokens = ("one", "two")
+    assert matching_token("Bearer two", tokens) == "two" and matching_token("bearer one", tokens) == "one"
+    assert matching_token("Bearer three", tokens) is None and matching_token(None, tokens) is None
+    assert metadata_authorization((("x-other", "v"), ("Authorization", "Bearer two"))) == "Bearer two"
+    assert metadata_authorization((("authorization", "Basic abc"),)) is None
+    assert token_partition(None) == "" and token_partition("one") != token_partition("two")
+    assert "one" not in token_partition("one")
+    assert BearerTokenInterceptor("one").tokens == ("one",)
+    assert BearerTokenInterceptor(tokens)._authenticated((("authorization", "Bearer two"),))
+    assert not BearerTokenInterceptor(tokens)._authenticated((("authorization", "Bearer one2"),))
+    with pytest.raises(ValueError):
+        BearerTokenInterceptor(("one", ""))

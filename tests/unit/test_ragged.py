@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -184,3 +185,50 @@ def test_plain_calls_wait_for_the_active_jobs(model):
         return order
 
     assert asyncio.run(scenario()) == [6]
+
+
+def test_sessions_due_back_are_waited_for_so_they_share_a_pass(model, monkeypatch):
+    """Two sessions whose callers come back 3 ms after each job (a round trip) while a pass takes
+    20 ms: without waiting they take turns, each arriving while the other's pass runs, one pass
+    each. The worker waits for the session due back, so they settle into shared passes."""
+    import specdec.ragged as ragged
+
+    real_forward = ragged.forward
+
+    def slow_forward(model, feeds):
+        time.sleep(0.02)
+        return real_forward(model, feeds)
+
+    monkeypatch.setattr(ragged, "forward", slow_forward)
+    caches = [SequenceCache(model) for _ in range(2)]
+    for cache in caches:
+        cache.feed([1, 2, 3])
+
+    def step(cache):
+        return (yield Feed(cache, [4]))
+
+    async def session(worker, index):
+        await asyncio.sleep(0.005 * index)  # out of step from the start
+        for _ in range(12):
+            await worker.run_job(lambda: step(caches[index]), key=f"s{index}")
+            await asyncio.sleep(0.003)  # the caller's round trip
+
+    async def scenario():
+        worker = ModelWorker(model=model)
+        sizes = []
+
+        class Sizes:
+            def pass_ran(self, rows, sessions, seconds):
+                sizes.append(sessions)
+
+            def call_started(self, queue_seconds):
+                pass
+
+        worker.observer = Sizes()
+        await asyncio.gather(session(worker, 0), session(worker, 1))
+        worker.shutdown()
+        return sizes
+
+    sizes = asyncio.run(scenario())
+    assert sum(sizes) == 24
+    assert sizes.count(2) >= 8, sizes

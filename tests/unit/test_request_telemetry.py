@@ -113,3 +113,27 @@ def test_bind_creates_every_series_at_zero_before_any_request():
     for name in ("specdec:re_prefills_total", "specdec:spec_decode_num_drafts_total",
                  "specdec:time_to_first_token_seconds_count"):
         assert telemetry.registry.get_sample_value(name, {"model_name": MODEL}) == 0, name
+
+
+def test_draft_and_accepted_tokens_are_counted_by_the_method_that_proposed_them():
+    telemetry = Telemetry()
+    telemetry.bind(MODEL)
+    for method in ("model", "ngram", "suffix"):  # every method's series exists before a request
+        assert _value(telemetry, "specdec:spec_decode_num_draft_tokens_by_method_total", method=method) == 0
+        assert _value(telemetry, "specdec:spec_decode_num_accepted_tokens_by_method_total", method=method) == 0
+    stats = GenerationStats(prompt_tokens=5, observer=telemetry.request(prompt_tokens=5))
+    # A hybrid request: the suffix lookup's rounds where it matched well, the model's elsewhere.
+    for method, k, accepted in (("suffix", 4, 4), ("model", 3, 1), ("suffix", 4, 2), ("model", 2, 0)):
+        stats.add_round(k, accepted, accepted + 1)
+        stats.add_method_round(method, k, accepted)
+    drafted = {m: _value(telemetry, "specdec:spec_decode_num_draft_tokens_by_method_total", method=m)
+               for m in ("model", "ngram", "suffix")}
+    accepted = {m: _value(telemetry, "specdec:spec_decode_num_accepted_tokens_by_method_total", method=m)
+                for m in ("model", "ngram", "suffix")}
+    assert drafted == {"model": 5, "ngram": 0, "suffix": 8}
+    assert accepted == {"model": 1, "ngram": 0, "suffix": 6}
+    assert {m: n for m, n in drafted.items() if n} == stats.drafted_by_method
+    assert {m: n for m, n in accepted.items() if n} == stats.accepted_by_method
+    # The totals over methods are vLLM's counters.
+    assert sum(drafted.values()) == _value(telemetry, "specdec:spec_decode_num_draft_tokens_total")
+    assert sum(accepted.values()) == _value(telemetry, "specdec:spec_decode_num_accepted_tokens_total")

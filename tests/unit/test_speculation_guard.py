@@ -98,3 +98,16 @@ def test_a_test_whose_load_changed_is_discarded():
 def test_config_is_checked(bad):
     with pytest.raises(ValueError):
         GuardConfig(**bad)
+
+
+def test_a_gap_between_requests_does_not_abort_a_test():
+    """Two closed-loop clients: each ends a request and sends the next a moment later, so for a
+    moment one session runs. The test still completes and turns speculation off."""
+    clock = Clock()
+    guard = _guard(clock, sessions=2)
+    for second in range(20):
+        _simulate(guard, clock, 2, 0.9, rate_speculating=5.0, rate_off=12.0)
+        guard.leave()
+        clock.now += 0.05
+        guard.enter()
+    assert not guard.speculating

@@ -14,6 +14,11 @@ A proposal is a point mass (q~ = one-hot on each proposed token): the target's v
 accepts token x with probability p(x) and, on a rejection, samples from p with x removed and
 renormalised -- the general rule for a one-hot q~, so the output keeps the target's law.
 Both proposers are per session; they only ever see C grow (the orchestrator never shrinks it).
+
+Used in the orchestrator (orchestrator/local_draft.py: --draft local:METHOD, --draft-method
+hybrid) and by a draft service without a model (draft_service/lookup_service.py: `specdec serve
+draft --method ngram|suffix`), whose Info names it by LOOKUP_MODEL_PREFIX + method, so the
+orchestrator counts its proposals under the lookup's method.
 """
 
 from __future__ import annotations
@@ -24,7 +29,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 DRAFT_METHODS = ("model", "ngram", "suffix", "hybrid")
+LOOKUP_METHODS = ("ngram", "suffix")
 SUFFIX_CACHE_MODES = ("session", "shared")
+LOOKUP_MODEL_PREFIX = "lookup:"  # the model_id of a draft replica that serves a lookup: "lookup:suffix"
+
+
+def proposal_method(draft_model_id: str) -> str:
+    """The method a draft replica's proposals are counted under: its lookup's, else "model"."""
+    if draft_model_id.startswith(LOOKUP_MODEL_PREFIX):
+        method = draft_model_id[len(LOOKUP_MODEL_PREFIX):]
+        if method in LOOKUP_METHODS:
+            return method
+    return "model"
 
 
 @dataclass(frozen=True)
@@ -154,6 +170,10 @@ class SuffixCache:
         self._next_id += 1
         self.counts.add_positions(entry, 0, len(entry))
         self.num_tokens += len(entry)
+
+    def entries(self) -> list[tuple[int, ...]]:
+        """The sequences held, least recently added first."""
+        return list(self._entries.values())
 
     def __len__(self) -> int:
         return len(self._entries)
