@@ -36,7 +36,7 @@ class ModelConfig:
     model: str  # a Hugging Face model directory, or "default" for the default pair
     role: Role
     device: str = "cpu"
-    dtype: str = "auto"  # auto: see resolve_dtype
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     max_context: int = 0  # 0: the model's max_position_embeddings
 
     def __post_init__(self) -> None:
@@ -51,38 +51,18 @@ class ModelConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """The dtype to load in: an explicit one, bfloat16 on CUDA, float32 on a CPU (where auto
-        may still move a large model to bfloat16 once loaded: resolve_dtype)."""
+        """The dtype to run in: an explicit one; auto: bfloat16 on CUDA, float32 on a CPU.
+
+        float32 on a CPU even where native bfloat16 instructions batch far better (SmolLM2-135M on
+        2 cores: a pass over 8 sessions' rows 47 ms in bfloat16 against 74 ms in float32, one row
+        35 vs 32 ms): bfloat16 logits sit on a grid of about 0.125 at these magnitudes, so a verify
+        pass over K + 1 rows and a one-row pass often disagree on a near-tie, and greedy output then
+        differs from the target decoding alone (5 of 8 benchmark prompts within 96 tokens).
+        `--dtype bfloat16` trades that for throughput.
+        """
         if self.dtype == "auto":
             return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         return DTYPES[self.dtype]
-
-
-# A CPU forward in bfloat16 pays off only where matrix units do the work: a model this large, on a
-# CPU with native bfloat16 instructions. Measured on such a CPU (2 cores, SmolLM2-135M, 135M
-# parameters): one row costs about what it costs in float32 (35 vs 32 ms), but a pass over 8
-# sessions' rows 47 ms against 74 ms, over 32 sessions' rows 87 ms against 133 ms.
-AUTO_BFLOAT16_MIN_PARAMETERS = 100_000_000
-
-
-def cpu_has_native_bfloat16() -> bool:
-    """Whether this CPU has bfloat16 matrix instructions (AVX512-BF16 or AMX-BF16)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: keep float32
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-def resolve_dtype(config: ModelConfig, parameters: int) -> torch.dtype:
-    """The dtype a service runs in. auto: bfloat16 on CUDA; on a CPU, bfloat16 for a model of at
-    least AUTO_BFLOAT16_MIN_PARAMETERS on a CPU with native bfloat16, else float32 (a small model's
-    pass is bound by overheads that bfloat16 does not shrink)."""
-    if config.dtype != "auto" or config.device.startswith("cuda"):
-        return config.torch_dtype
-    if parameters >= AUTO_BFLOAT16_MIN_PARAMETERS and cpu_has_native_bfloat16():
-        return torch.bfloat16
-    return torch.float32
 
 
 @dataclass(frozen=True)
@@ -154,9 +134,6 @@ def load_model(config: ModelConfig) -> LoadedModel:
         tokenizer = load_tokenizer(path)
     model.eval()
     model.requires_grad_(False)
-    dtype = resolve_dtype(config, sum(p.numel() for p in model.parameters()))
-    if dtype != config.torch_dtype:
-        model.to(dtype)
     attention.use_ragged(model)
     max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
     return LoadedModel(

@@ -69,8 +69,9 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--device", default=default_of(ModelConfig, "device"), help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=default_of(ModelConfig, "dtype"),
                         choices=["auto", "float32", "float16", "bfloat16", "float64"],
-                        help="auto: bfloat16 on CUDA; on a CPU bfloat16 for a model of 100M+ "
-                             "parameters where the CPU has native bfloat16 instructions, else float32")
+                        help="auto: float32 on CPU, bfloat16 on CUDA. bfloat16 on a CPU with native "
+                             "bfloat16 instructions batches much faster, but greedy output may then "
+                             "differ from the target alone at near-ties")
     parser.add_argument("--replica-id", default=None, help="this replica's name (default host:port)")
     parser.add_argument("--max-sessions", type=int, default=default_of(SessionBudget, "max_sessions"),
                         help="session budget")
