@@ -62,6 +62,7 @@ import grpc
 
 from specdec.v1 import common_pb2, draft_pb2_grpc, orchestrator_pb2_grpc, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
+from specdec_cli.bench_cmd import percentile
 from specdec_cli.stack import StackConfig, local_stack, stop_on_signals
 
 import common  # benchmarks/common.py: a script's own folder is first on sys.path
@@ -182,17 +183,6 @@ def prompt_for(prompts: list, stream: int, request: int):
 
 # ---------------------------------------------------------------------------------------------
 # Statistics
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0..100), linear between order statistics (numpy's default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
