@@ -27,10 +27,6 @@ class SequenceCache:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def model(self) -> PreTrainedModel:
-        return self._model
-
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens."""
         if not 0 <= length <= len(self.token_ids):
