@@ -246,9 +246,10 @@ class RequestTelemetry:
             # The loop's cleanup (Releases sent in the background) belongs to the request's trace.
             with trace.use_span(request_span, end_on_exit=False):
                 await chunks.aclose()
-            self._finished(stats, finish, first_token, last)
+            # The span ends before the counters move: whoever sees the request counted finds its trace.
             request_span.set_attributes(_span_summary(stats, finish))
             request_span.end()
+            self._finished(stats, finish, first_token, last)
 
     def _finished(self, stats: GenerationStats, finish: str, first_token: float | None,
                   last: float | None) -> None:

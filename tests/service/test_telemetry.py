@@ -90,11 +90,13 @@ def one_request(traced_stack, spans):
 
 
 def _finished_spans(spans, at_least: int) -> list:
-    """The exporter's spans once the Releases sent after the stream (in the background) ended."""
+    """The exporter's spans once the Releases sent after the stream (in the background) ended on
+    both sides: a replica's SERVER span ends before the orchestrator's CLIENT span sees the reply."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         finished = list(spans.get_finished_spans())
-        if sum(s.name.endswith("/Release") and s.kind == SpanKind.SERVER for s in finished) >= at_least:
+        if all(sum(s.name.endswith("/Release") and s.kind == kind for s in finished) >= at_least
+               for kind in (SpanKind.SERVER, SpanKind.CLIENT)):
             return finished
         time.sleep(0.05)
     return list(spans.get_finished_spans())
