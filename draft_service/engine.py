@@ -4,11 +4,18 @@ Cache invariant (docs/architecture.md, "The cache invariant"): after a Propose o
 cache holds C followed by d1 .. d(K-1) (dK is never fed). The next Propose keeps the longest prefix
 of the cache that is still committed, feeds the rest of C, and drafts from there. So a rejection
 costs no extra round trip: the draft reconciles on the call it gets anyway.
+
+Drafting ahead (pipelining): while the target verifies d1 .. dK, `branch` drafts the next round
+for likely outcomes "j accepted, then t", each on a fork of the cache (a copy of C + d1 .. dj),
+so the session's cache is never touched by a branch. The next Propose whose new committed tokens
+are d1 .. dj t takes that branch's fork as the session's cache: it holds C' + b1 .. b(K'-1), the
+very state a Propose of K' tokens after C' leaves, with the very drafts (a draft depends only on
+the committed prefix, the seed and its position). Any other Propose drops the branches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,12 +32,48 @@ from specdec.sampling import (
     truncate_top_m,
 )
 
+# Candidate ids kept per drafted position: the fan-out is at most this, and the orchestrator learns
+# from the rest how often a larger fan-out would have hit.
+NUM_CANDIDATES = 8
+
+
+@dataclass
+class Drafted:
+    """Drafts after a committed prefix: the tokens, their q~ (sampling mode only), and at each
+    drafted position the draft's top candidate ids, best first (the drafted token among them)."""
+
+    token_ids: list[int]
+    distributions: list[SparseDistribution]
+    candidates: list[list[int]]
+
+    def first(self, count: int) -> Drafted:
+        return Drafted(self.token_ids[:count], self.distributions[:count], self.candidates[:count])
+
+    def proposal(self, fed_tokens: int) -> Proposal:
+        return Proposal(tuple(self.token_ids), tuple(self.distributions), fed_tokens)
+
+
+@dataclass
+class Branch:
+    """The drafts that follow one outcome of the round being verified, "j drafts accepted, then
+    token t", and a cache of their own: C + d1 .. dj + t + b1 .. b(K'-1), the state a Propose of
+    K' tokens after that outcome would leave."""
+
+    num_accepted: int
+    next_token_id: int
+    cache: SequenceCache
+    drafted: Drafted
+
 
 @dataclass
 class DraftSessionState:
     cache: SequenceCache
     committed: list[int]  # C as far as the draft has been told
     sampling: SamplingParams
+    last: Drafted | None = None  # the last proposal's drafts, after `committed`
+    # Drafted ahead for the outcomes of the last proposal, by the committed tokens each follows
+    # (d1 .. dj + t): the next Propose adopts the one that matches, and drops them all.
+    branches: dict[tuple[int, ...], Branch] = field(default_factory=dict)
 
 
 class DraftEngine:
@@ -47,25 +90,56 @@ class DraftEngine:
         self, state: DraftSessionState, new_committed: list[int], num_speculative_tokens: int
     ) -> Job[Proposal]:
         state.committed.extend(new_committed)
+        branch = state.branches.get(tuple(new_committed))
+        state.branches = {}
+        if branch is not None and len(branch.drafted.token_ids) >= num_speculative_tokens:
+            # Drafted ahead while the target verified: the same drafts (they depend only on the
+            # committed prefix, the seed and the position), nothing to feed.
+            state.cache = branch.cache
+            state.last = branch.drafted.first(num_speculative_tokens)
+            return state.last.proposal(fed_tokens=0)
         committed = state.committed
         cache = state.cache
         keep = min(_common_prefix(cache.token_ids, committed), len(committed) - 1)
         cache.truncate(keep)  # at least C[-1] is fed, so its logits score d1
         to_feed = committed[keep:]
         logits = (yield Feed(cache, to_feed))[-1]  # (V,)
-        fed = len(to_feed)
-        token_ids: list[int] = []
-        distributions: list[SparseDistribution] = []
+        state.last = yield from self._draft(cache, logits, state.sampling, len(committed), num_speculative_tokens)
+        return state.last.proposal(fed_tokens=len(to_feed) + num_speculative_tokens - 1)
+
+    def bonus_logits(self, state: DraftSessionState) -> Job[tuple[SequenceCache, torch.Tensor]]:
+        """Feeds dK (never fed by a Propose) into a fork of the cache after d1 .. d(K-1): the
+        logits of the position after all K drafts, where the target's bonus token comes from."""
+        drafted = _last(state)
+        fork = state.cache.fork(len(state.committed) + len(drafted.token_ids) - 1)
+        logits = (yield Feed(fork, [drafted.token_ids[-1]]))[-1]
+        return fork, logits
+
+    def branch(self, state: DraftSessionState, parent: SequenceCache, num_accepted: int,
+               next_token_id: int, num_speculative_tokens: int) -> Job[Branch]:
+        """Drafts num_speculative_tokens after the outcome "num_accepted drafts accepted, then
+        next_token_id", on a fork of `parent` (the session's cache, or bonus_logits' fork when
+        every draft is accepted): the session's own cache is left as it is."""
+        length = len(state.committed) + num_accepted  # C + d1 .. dj
+        cache = parent.fork(length)
+        logits = (yield Feed(cache, [next_token_id]))[-1]
+        drafted = yield from self._draft(cache, logits, state.sampling, length + 1, num_speculative_tokens)
+        return Branch(num_accepted, next_token_id, cache, drafted)
+
+    def _draft(self, cache: SequenceCache, logits: torch.Tensor, sampling: SamplingParams,
+               position: int, num_speculative_tokens: int) -> Job[Drafted]:
+        """Drafts from `logits` (those of the last committed token) at sequence positions
+        position, position + 1, ...; feeds every draft but the last."""
+        drafted = Drafted([], [], [])
         for i in range(num_speculative_tokens):
-            position = len(committed) + i
-            token, distribution = self._draw(logits, state.sampling, position)
-            token_ids.append(token)
+            token, distribution = self._draw(logits, sampling, position + i)
+            drafted.token_ids.append(token)
+            drafted.candidates.append(top_candidates(logits))
             if distribution is not None:
-                distributions.append(distribution)
+                drafted.distributions.append(distribution)
             if i < num_speculative_tokens - 1:
                 logits = (yield Feed(cache, [token]))[-1]
-                fed += 1
-        return Proposal(tuple(token_ids), tuple(distributions), fed)
+        return drafted
 
     def _draw(
         self, logits: torch.Tensor, sampling: SamplingParams, position: int
@@ -79,6 +153,17 @@ class DraftEngine:
         uniform = torch.tensor([keyed_uniform(sampling.seed, position, "draft")], dtype=torch.float64)
         sent = SparseDistribution(tuple(ids.tolist()), tuple(wire_probs.tolist()))
         return int(sample_categorical(dense, uniform)[0]), sent
+
+
+def top_candidates(logits: torch.Tensor) -> list[int]:
+    """The NUM_CANDIDATES most likely ids under `logits`, best first."""
+    return logits.topk(min(NUM_CANDIDATES, logits.shape[-1])).indices.tolist()
+
+
+def _last(state: DraftSessionState) -> Drafted:
+    if state.last is None or not state.last.token_ids:
+        raise ValueError("the session has no proposal to draft ahead from")
+    return state.last
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

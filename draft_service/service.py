@@ -1,13 +1,31 @@
-"""The draft service's operations on sessions (no protobuf): Prefill and Propose."""
+"""The draft service's operations on sessions (no protobuf): Prefill, Propose, and Speculate
+(a Propose, then branches drafted ahead for the outcomes of the round it starts)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from draft_service.engine import DraftEngine, DraftSessionState
-from specdec.errors import InvalidInput, OutOfRange
+from draft_service.engine import (
+    NUM_CANDIDATES,
+    DraftEngine,
+    DraftSessionState,
+    top_candidates,
+)
+from specdec.errors import InvalidInput, OutOfRange, Overloaded
 from specdec.models import LoadedModel
-from specdec.protocol import MAX_DRAFT_TOP_M, Handle, Proposal, SamplingParams, Timing, check_token_ids
+from specdec.protocol import (
+    MAX_DRAFT_TOP_M,
+    BranchProposal,
+    DraftedAhead,
+    Handle,
+    Proposal,
+    SamplingParams,
+    Timing,
+    check_token_ids,
+)
 from specdec.ragged import Job
 from specdec.serving import ServiceConfig, SessionService
 
@@ -49,6 +67,78 @@ class DraftService(SessionService[DraftSessionState]):
             return new_length, proposal
 
         return await self.call(handle, apply)
+
+    async def speculate(
+        self, handle: Handle, new_committed: list[int], num_speculative_tokens: int, fanout: int,
+        branch_num_speculative_tokens: int,
+    ) -> AsyncIterator[tuple[Handle, Proposal, Timing] | tuple[DraftedAhead, Timing]]:
+        """Propose, then draft ahead: yields the Propose's answer, then the branches for the
+        outcomes of the round it starts (none where the session moved on meanwhile)."""
+        check_branching(self, fanout, branch_num_speculative_tokens)
+        new_handle, proposal, timing = await self.propose(handle, new_committed, num_speculative_tokens)
+        yield new_handle, proposal, timing
+        yield await self.draft_ahead(new_handle, fanout, branch_num_speculative_tokens)
+
+    async def draft_ahead(self, handle: Handle, fanout: int,
+                          branch_num_speculative_tokens: int) -> tuple[DraftedAhead, Timing]:
+        """Branches for the outcomes of the proposal `handle` was answered with: for j = 0 .. K,
+        "j drafts accepted, then t", t among the draft's top `fanout` candidates there (d(j+1)
+        itself excluded: a rejected draft is never the correction), each with up to
+        branch_num_speculative_tokens drafts. Their jobs are batched into the same passes."""
+        started = time.perf_counter()
+        session = self.store.lookup(handle.session_id, handle.epoch)
+        async with session.lock:
+            state = session.state
+            if session.committed_length != handle.committed_length or state.last is None:
+                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+            drafted = state.last
+            num_speculative_tokens = len(drafted.token_ids)
+            room = self.loaded.max_context - (len(state.committed) + num_speculative_tokens + 1)
+            branch_num_speculative_tokens = min(branch_num_speculative_tokens, room)
+            if branch_num_speculative_tokens < 1:
+                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+            try:
+                bonus = await self.worker.run_job(lambda: self.engine.bonus_logits(state))
+                bonus_cache, bonus_logits = bonus.value
+                candidates = [[t for t in drafted.candidates[j] if t != drafted.token_ids[j]]
+                              for j in range(num_speculative_tokens)]
+                candidates.append(top_candidates(bonus_logits))
+                outcomes = [(j, t) for j, tokens in enumerate(candidates) for t in tokens[:fanout]]
+
+                def job(j: int, t: int):
+                    parent = bonus_cache if j == num_speculative_tokens else state.cache
+                    return lambda: self.engine.branch(state, parent, j, t, branch_num_speculative_tokens)
+
+                branched = await asyncio.gather(*(self.worker.run_job(job(j, t)) for j, t in outcomes),
+                                                return_exceptions=True)
+            except Overloaded:  # drafting ahead is an optimisation: never a reason to fail
+                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+            if any(isinstance(timed, Overloaded) for timed in branched):
+                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+            for timed in branched:
+                if isinstance(timed, BaseException):
+                    raise timed
+            branches = [timed.value for timed in branched]
+            state.branches = {(*drafted.token_ids[:b.num_accepted], b.next_token_id): b for b in branches}
+            compute = bonus.compute_seconds + max((t.compute_seconds for t in branched), default=0.0)
+            rows = [t.pass_rows for t in branched] or [bonus.pass_rows]
+            sessions = [t.pass_sessions for t in branched] or [bonus.pass_sessions]
+            timing = Timing(compute, bonus.queue_seconds, sum(rows) / len(rows), sum(sessions) / len(sessions))
+            ahead = DraftedAhead(
+                tuple(BranchProposal(b.num_accepted, b.next_token_id, b.drafted.proposal(fed_tokens=0))
+                      for b in branches),
+                tuple(tuple(c) for c in candidates))
+            return ahead, timing
+
+
+def check_branching(service: SessionService, fanout: int, branch_num_speculative_tokens: int) -> None:
+    """Checks a Speculate's drafting-ahead fields against the service's limits."""
+    if not 1 <= fanout <= NUM_CANDIDATES:
+        raise OutOfRange(f"fanout must be in [1, {NUM_CANDIDATES}], got {fanout}")
+    limit = service.config.max_num_speculative_tokens
+    if not 1 <= branch_num_speculative_tokens <= limit:
+        raise OutOfRange(f"branch_num_speculative_tokens must be in [1, {limit}], "
+                         f"got {branch_num_speculative_tokens}")
 
 
 def check_propose(service: SessionService, handle: Handle, new_committed: list[int],

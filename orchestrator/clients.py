@@ -26,7 +26,9 @@ from specdec.errors import (
     SpecdecError,
 )
 from specdec.protocol import (
+    BranchProposal,
     CallTiming,
+    DraftedAhead,
     Handle,
     Proposal,
     ReplicaInfo,
@@ -37,7 +39,13 @@ from specdec.protocol import (
 from specdec.rpc import convert
 from specdec.rpc.server import TlsConfig, channel_options
 from specdec.tracing import client_interceptors
-from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specdec.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    target_pb2,
+    target_pb2_grpc,
+)
 
 Response = TypeVar("Response")
 
@@ -195,3 +203,62 @@ class DraftClient(ReplicaClient):
             fed_tokens=response.fed_tokens,
         )
         return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall, response))
+
+    def speculate(self, handle: Handle, new_committed_token_ids: Sequence[int], num_speculative_tokens: int,
+                  fanout: int, branch_num_speculative_tokens: int) -> SpeculateCall:
+        """Starts a Speculate: a Propose whose second answer, the branches drafted ahead for the
+        outcomes of the round it starts, comes while the target verifies."""
+        request = draft_pb2.SpeculateRequest(
+            propose=draft_pb2.ProposeRequest(
+                handle=convert.handle_to_proto(handle),
+                new_committed_token_ids=list(new_committed_token_ids),
+                num_speculative_tokens=num_speculative_tokens,
+            ),
+            fanout=fanout,
+            branch_num_speculative_tokens=branch_num_speculative_tokens,
+        )
+        return SpeculateCall(self.address, self._stub.Speculate(request, timeout=self.timeouts.step_seconds))
+
+
+class SpeculateCall:
+    """One Speculate in flight: read proposal() first, then branches(); cancel() when the
+    branches are no longer wanted."""
+
+    def __init__(self, address: str, call: Any) -> None:
+        self.address = address
+        self._call = call
+        self._started = time.perf_counter()
+
+    async def _read(self, field: str) -> Any:
+        try:
+            response = await self._call.read()
+        except grpc.aio.AioRpcError as error:
+            raise domain_error(self.address, error) from error
+        if response is grpc.aio.EOF or response.WhichOneof("message") != field:
+            raise ReplicaError(self.address, f"the Speculate stream ended without its {field}")
+        return getattr(response, field)
+
+    async def proposal(self) -> Reply[Proposal]:
+        response = await self._read("proposal")
+        proposal = Proposal(
+            token_ids=tuple(response.draft_token_ids),
+            distributions=tuple(convert.distribution_from_proto(d) for d in response.draft_distributions),
+            fed_tokens=response.fed_tokens,
+        )
+        wall = time.perf_counter() - self._started
+        return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall, response))
+
+    async def branches(self) -> tuple[DraftedAhead, CallTiming]:
+        """The branches; the timing's wall time runs from the start of the call."""
+        response = await self._read("branches")
+        ahead = DraftedAhead(
+            branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, Proposal(
+                token_ids=tuple(b.draft_token_ids),
+                distributions=tuple(convert.distribution_from_proto(d) for d in b.draft_distributions),
+            )) for b in response.branches),
+            candidates=tuple(tuple(c.token_ids) for c in response.candidates),
+        )
+        return ahead, _timing(time.perf_counter() - self._started, response)
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -9,6 +9,8 @@ replica is orchestrator/recovery.py's business; docs/architecture.md has the who
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,13 +19,16 @@ from dataclasses import dataclass
 from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.k_policy import KPolicy, RoundObservation
 from orchestrator.local_draft import LocalDraft, lookup_reply
+from orchestrator.pipelining import NO_AHEAD, AheadPlan, NoPipeline, PipelinePolicy
 from orchestrator.pool import ReplicaPool
 from orchestrator.recovery import SessionReplicas
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.stats import GenerationStats, StatsObserver
 from orchestrator.text import Decoder, TextStream
 from specdec.errors import InvalidInput, OutOfRange
-from specdec.protocol import CallTiming, Proposal, Reply, SamplingParams, VerifyOutcome
+from specdec.protocol import CallTiming, DraftedAhead, Proposal, Reply, SamplingParams, VerifyOutcome
+
+log = logging.getLogger(__name__)
 
 NO_PROPOSAL = Proposal(token_ids=())
 
@@ -73,6 +78,7 @@ class Generation:
         observer: StatsObserver | None = None,
         local_draft: LocalDraft | None = None,
         guard: SpeculationGuard | None = None,
+        pipeline: PipelinePolicy | None = None,
     ) -> None:
         if len(request.prompt_token_ids) >= limits.max_context:
             raise OutOfRange(f"the prompt has {len(request.prompt_token_ids)} tokens; the max context "
@@ -81,6 +87,8 @@ class Generation:
         self.policy = policy
         self.limits = limits
         self.guard = guard  # whether speculation pays the system at all (adaptive requests only)
+        self.pipeline = pipeline if pipeline is not None else NoPipeline()  # drafting ahead
+        self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self.committed: list[int] = list(request.prompt_token_ids)
         self.text = TextStream(tokenizer, request.stop)
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids), observer=observer)
@@ -124,19 +132,99 @@ class Generation:
         if self.guard is not None and not self.guard.allows_speculation():
             max_num_speculative_tokens = 0
         num_speculative_tokens = self.policy.choose(max_num_speculative_tokens)
-        proposed, method = None, ""
-        if num_speculative_tokens > 0:
-            proposed, method = await self._propose(num_speculative_tokens)
-        if self.uses_model_draft and not self.replicas.has_draft:
-            self.stats.draft_unavailable_rounds += 1
-        proposal = proposed.value if proposed else NO_PROPOSAL
-        verified = await self.replicas.verify(self.committed, proposal)
+        branch = self._take_branch(num_speculative_tokens)
+        plan = NO_AHEAD
+        if num_speculative_tokens > 0 and self.local_draft is None and self.replicas.has_draft:
+            plan = self.pipeline.plan(num_speculative_tokens, self.limits.max_num_speculative_tokens)
+        proposed, method, ahead_call = None, "", None
+        if branch is not None:  # drafted ahead last round: the target gets it at once
+            proposal = branch
+            self.stats.pipeline_hits += 1
+            draft_side = asyncio.create_task(self._adopt(proposal, plan))
+        else:
+            draft_side = None
+            if num_speculative_tokens > 0 and plan.drafts_ahead:
+                started = await self.replicas.speculate(self.committed, num_speculative_tokens, plan.fanout,
+                                                        plan.branch_num_speculative_tokens)
+                if started is not None:
+                    proposed, ahead_call = started
+                method = self.replicas.draft_method
+            elif num_speculative_tokens > 0:
+                proposed, method = await self._propose(num_speculative_tokens)
+            if self.uses_model_draft and not self.replicas.has_draft:
+                self.stats.draft_unavailable_rounds += 1
+            proposal = proposed.value if proposed else NO_PROPOSAL
+            if ahead_call is not None:
+                draft_side = asyncio.create_task(self.replicas.branches(ahead_call))
+        try:
+            verified = await self.replicas.verify(self.committed, proposal)
+            ahead = await draft_side if draft_side is not None else None
+        finally:
+            if draft_side is not None and not draft_side.done():
+                draft_side.cancel()
+                if ahead_call is not None:
+                    ahead_call.cancel()
         outcome = verified.value
         self.stats.add_round(proposal.num_speculative_tokens, outcome.num_accepted, outcome.num_accepted + 1)
         if proposal.num_speculative_tokens:
-            self.stats.add_method_round(method, proposal.num_speculative_tokens, outcome.num_accepted)
-        self.policy.observe(_observation(proposed, verified))
-        return [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
+            self.stats.add_method_round(method or self.replicas.draft_method, proposal.num_speculative_tokens,
+                                        outcome.num_accepted)
+        self.policy.observe(_observation(proposed, verified, proposal, hit=branch is not None))
+        committed = [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
+        if ahead is not None:
+            self._keep_branch(ahead[0], proposal, outcome, plan, len(self.committed) + len(committed))
+        return committed
+
+    def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
+        """Last round's branch for the outcome it had, if there is one and this round drafts."""
+        expected = self._branch
+        self._branch = None
+        if expected is None or num_speculative_tokens == 0:
+            return None
+        committed_length, proposal = expected
+        if committed_length != len(self.committed):  # the round's tokens were cut (a stop string)
+            return None
+        count = min(num_speculative_tokens, proposal.num_speculative_tokens)
+        return Proposal(proposal.token_ids[:count], proposal.distributions[:count])
+
+    def _keep_branch(self, ahead: DraftedAhead, proposal: Proposal, outcome: VerifyOutcome, plan: AheadPlan,
+                     committed_length: int) -> None:
+        """Records what the draft drafted ahead of this round: the branch for its outcome (a hit
+        next round), or a miss; and where the target's token ranked among the candidates."""
+        if not ahead.branches:
+            return
+        self.stats.pipelined_rounds += 1
+        self.stats.branches_drafted += len(ahead.branches)
+        self.stats.fanout_per_round.append(ahead.fanout or plan.fanout)
+        self.pipeline.observe_outcome(proposal.num_speculative_tokens, outcome.num_accepted,
+                                      ahead.rank(outcome.num_accepted, outcome.next_token_id))
+        branch = ahead.branch_for(outcome.num_accepted, outcome.next_token_id)
+        if branch is None:
+            self.stats.pipeline_misses += 1
+        else:
+            self._branch = (committed_length, branch)
+
+    async def _adopt(self, proposal: Proposal, plan: AheadPlan) -> tuple[DraftedAhead, CallTiming] | None:
+        """A hit's draft side, alongside its Verify: the draft adopts the same branch (told the
+        round's new committed tokens) and, when the plan says so, drafts ahead again."""
+        if not plan.drafts_ahead:
+            return None  # the draft learns the committed tokens at its next call
+        started = await self.replicas.speculate(self.committed, proposal.num_speculative_tokens, plan.fanout,
+                                                plan.branch_num_speculative_tokens)
+        if started is None:
+            return None
+        adopted, call = started
+        if adopted.value.token_ids != proposal.token_ids:
+            # Cannot happen with a deterministic draft; the round verifies what it sent, and the
+            # branches drafted from the draft's own proposal would not fit the outcome: drop them.
+            log.warning("the draft's proposal %s differs from its branch %s", adopted.value.token_ids,
+                        proposal.token_ids)
+            call.cancel()
+            return None
+        try:
+            return await self.replicas.branches(call)
+        finally:
+            call.cancel()  # the stream has ended; nothing is cancelled but an unread end
 
     async def _propose(self, num_speculative_tokens: int) -> tuple[Reply[Proposal] | None, str]:
         """Up to num_speculative_tokens drafts and the method that proposed them: the lookup's
@@ -184,8 +272,9 @@ class Generation:
         return Chunk(tuple(kept), text, finish)
 
 
-def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome]) -> RoundObservation:
-    proposal = proposed.value if proposed else NO_PROPOSAL
+def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal,
+                 hit: bool = False) -> RoundObservation:
+    """What the round measured; on a hit (drafted ahead) no draft call was waited for."""
     draft_timing = proposed.timing if proposed else CallTiming(0.0)
     own_rows = proposal.num_speculative_tokens + 1
     # A server that predates batching reports 0 for both: this round's pass was its own.
@@ -202,4 +291,5 @@ def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome
         verify_wall_seconds=verified.timing.wall_seconds,
         verify_pass_rows=float(max(pass_rows, own_rows)),
         verify_pass_sessions=float(max(pass_sessions, 1.0)),
+        drafted_ahead=hit,
     )

@@ -429,7 +429,9 @@ class AdaptiveKController:
     def _update_estimates(self, observation: RoundObservation) -> None:
         num_speculative_tokens, index = observation.num_speculative_tokens, self._round
         self._alpha.update(num_speculative_tokens, observation.num_accepted, index)
-        if num_speculative_tokens > 0:
+        if num_speculative_tokens > 0 and observation.drafted_ahead:
+            self._pending_catchup_tokens = 0  # drafted ahead: no draft call, nothing owed
+        elif num_speculative_tokens > 0:
             # A Propose of K makes K draft passes; the first also feeds the catch-up. Tokens fed
             # beyond one per pass are catch-up (one extra is normal after a fully accepted round).
             extra_tokens = observation.draft_fed_tokens - num_speculative_tokens

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from orchestrator.pipelining import PipelineMode
+
 SpeculationMode = Literal["off", "fixed", "adaptive", "heuristic"]
 SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive", "heuristic")
 
@@ -21,6 +23,9 @@ class Speculation:
     mode: SpeculationMode | None = None
     # fixed K, the heuristic's starting K, or the adaptive controller's maximum
     num_speculative_tokens: int | None = None
+    # drafting ahead while the target verifies (orchestrator/pipelining.py): off, on or auto
+    pipeline: PipelineMode | None = None
+    pipeline_fanout: int | None = None  # candidates per outcome when on; the maximum when auto
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,9 @@ class RoundObservation:
     # taken as alone: K + 1 rows, 1 session.
     verify_pass_rows: float = 0.0
     verify_pass_sessions: float = 0.0
+    # The proposal was drafted ahead during the previous round's verify (a pipelining hit): no
+    # draft call was waited for, and the draft figures above are 0.
+    drafted_ahead: bool = False
 
     @property
     def pass_rows(self) -> int:

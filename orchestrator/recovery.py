@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic
+from typing import Generic, TypeVar
 
-from orchestrator.clients import DraftClient, TargetClient
+from orchestrator.clients import DraftClient, SpeculateCall, TargetClient
 from orchestrator.pool import Client, Lease, Replica, ReplicaPool
 from orchestrator.stats import GenerationStats
 from specdec.errors import (
@@ -39,9 +39,11 @@ from specdec.errors import (
     Unavailable,
 )
 from specdec.lookup import proposal_method
-from specdec.protocol import Handle, Proposal, Reply, SamplingParams, VerifyOutcome
+from specdec.protocol import CallTiming, DraftedAhead, Handle, Proposal, Reply, SamplingParams, VerifyOutcome
 
 log = logging.getLogger(__name__)
+
+Extra = TypeVar("Extra")
 
 MAX_TARGET_RECOVERIES = 8  # per round, before the request fails with UNAVAILABLE
 
@@ -179,12 +181,46 @@ class SessionReplicas:
 
     async def propose(self, committed: Sequence[int], num_speculative_tokens: int) -> Reply[Proposal] | None:
         """The draft's proposal, or None if the draft is lost (the round then goes on at K = 0)."""
+        async def call(client: DraftClient, handle: Handle, new: Sequence[int]) -> tuple[Reply[Proposal], None]:
+            return await client.propose(handle, new, num_speculative_tokens), None
+
+        answer = await self._draft_call(committed, call)
+        return answer[0] if answer is not None else None
+
+    async def speculate(self, committed: Sequence[int], num_speculative_tokens: int, fanout: int,
+                        branch_num_speculative_tokens: int) -> tuple[Reply[Proposal], SpeculateCall] | None:
+        """A Propose that also drafts ahead: the proposal, and the call whose branches() follow
+        while the target verifies; None if the draft is lost (as for propose)."""
+        async def call(client: DraftClient, handle: Handle, new: Sequence[int]) -> tuple[Reply[Proposal], SpeculateCall]:
+            started = client.speculate(handle, new, num_speculative_tokens, fanout, branch_num_speculative_tokens)
+            try:
+                return await started.proposal(), started
+            except BaseException:
+                started.cancel()
+                raise
+
+        return await self._draft_call(committed, call)
+
+    async def branches(self, call: SpeculateCall) -> tuple[DraftedAhead, CallTiming] | None:
+        """The branches a Speculate drafted ahead; None if they did not come (drafting ahead is
+        an optimisation: a failure here is found out, and handled, by the next draft call)."""
+        try:
+            return await call.branches()
+        except (ReplicaError, InvalidInput, OutOfRange) as error:
+            log.info("drafting ahead on %s failed: %s", call.address, error)
+            return None
+
+    async def _draft_call(self, committed: Sequence[int], call: Callable[
+            [DraftClient, Handle, Sequence[int]], Awaitable[tuple[Reply[Proposal], Extra]]],
+    ) -> tuple[Reply[Proposal], Extra] | None:
+        """Runs call(client, handle, the committed tokens the draft lacks) on the draft: a lost
+        session is re-prefilled once, a failed replica dropped (the round goes on at K = 0)."""
         for attempt in range(2):
             placement = self.draft
             assert placement is not None
             new = committed[placement.handle.committed_length:]
             try:
-                reply = await placement.lease.client.propose(placement.handle, new, num_speculative_tokens)
+                reply, extra = await call(placement.lease.client, placement.handle, new)
             except SessionLost as error:
                 # No Release: it could overtake the Prefill that rebuilds the session on the same
                 # replica (which replaces it there).
@@ -204,7 +240,7 @@ class SessionReplicas:
                 return None
             placement.handle = reply.handle
             self.stats.add_draft_call(reply.timing)
-            return reply
+            return reply, extra
         return None
 
     async def verify(self, committed: Sequence[int], proposal: Proposal) -> Reply[VerifyOutcome]:

@@ -18,6 +18,15 @@ from orchestrator.k_estimates import ControllerPriors
 from orchestrator.k_policy import SPECULATION_MODES, FixedK, HeuristicK, KPolicy, Speculation, SpeculationMode
 from orchestrator.local_draft import LocalDrafts, LookupConfig, NoReplicas, draft_method_of
 from orchestrator.pool import PoolConfig, ReplicaPool
+from orchestrator.pipelining import (
+    DEFAULT_PIPELINE_FANOUT,
+    MAX_PIPELINE_FANOUT,
+    PIPELINE_MODES,
+    FixedPipeline,
+    NoPipeline,
+    PipelineMode,
+    PipelinePolicy,
+)
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.telemetry import Telemetry
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
@@ -42,6 +51,9 @@ class OrchestratorConfig:
     # "" (from --draft: local:ngram / local:suffix, else model), model, ngram, suffix or hybrid
     draft_method: str = ""
     lookup: LookupConfig = field(default_factory=LookupConfig)  # the model-free drafts
+    # Drafting ahead while the target verifies, for requests that leave it unset: off, on, auto.
+    pipeline: PipelineMode = "off"
+    pipeline_fanout: int = DEFAULT_PIPELINE_FANOUT  # candidates per outcome (on); the maximum (auto)
 
     def __post_init__(self) -> None:
         draft_method_of(self.draft, self.draft_method)  # raises ValueError on a bad pair
@@ -53,6 +65,10 @@ class OrchestratorConfig:
             raise ValueError("max_num_speculative_tokens must be in [1, 256]")
         if self.default_max_new_tokens < 1:
             raise ValueError("default_max_new_tokens must be >= 1")
+        if self.pipeline not in PIPELINE_MODES:
+            raise ValueError(f"pipeline must be one of {PIPELINE_MODES}, got {self.pipeline!r}")
+        if not 1 <= self.pipeline_fanout <= MAX_PIPELINE_FANOUT:
+            raise ValueError(f"pipeline_fanout must be in [1, {MAX_PIPELINE_FANOUT}]")
 
 
 @dataclass(frozen=True)
@@ -216,6 +232,18 @@ class OrchestratorService:
         priors = self.controller_priors["greedy" if greedy else "sampled"]
         return AdaptiveKController(controller, priors=priors)
 
+    def pipeline(self, speculation: Speculation, policy: KPolicy) -> PipelinePolicy:
+        """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""
+        mode = speculation.pipeline or self.config.pipeline
+        fanout = self.config.pipeline_fanout if speculation.pipeline_fanout is None else speculation.pipeline_fanout
+        if not 1 <= fanout <= MAX_PIPELINE_FANOUT:
+            raise OutOfRange(f"pipeline_fanout must be in [1, {MAX_PIPELINE_FANOUT}], got {fanout}")
+        if mode == "off" or self.draft_method != "model":
+            return NoPipeline()  # a lookup answers at once: nothing to draft ahead of it
+        if mode == "auto" and isinstance(policy, AdaptiveKController):
+            return policy.pipeline(fanout)
+        return FixedPipeline(fanout)
+
     def generate(
         self,
         prompt: PromptInput,
@@ -231,6 +259,7 @@ class OrchestratorService:
         with bearer tokens configured, a digest of the request's token; "" otherwise."""
         arrived = time.perf_counter()
         policy = self.policy(speculation, greedy=sampling.greedy)
+        pipeline = self.pipeline(speculation, policy)
         if any(not s for s in stop):
             raise InvalidInput("stop strings must not be empty")
         if stop and self.tokenizer is None:
@@ -245,5 +274,6 @@ class OrchestratorService:
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
                                 self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
-                                guard=self.guard if isinstance(policy, AdaptiveKController) else None)
+                                guard=self.guard if isinstance(policy, AdaptiveKController) else None,
+                                pipeline=pipeline)
         return recorder.stream(generation.run(), generation.stats)

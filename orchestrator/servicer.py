@@ -24,6 +24,12 @@ MODE_OF = {
     pb.SPECULATION_MODE_ADAPTIVE: "adaptive",
     pb.SPECULATION_MODE_HEURISTIC: "heuristic",
 }
+PIPELINE_OF = {
+    pb.PIPELINE_MODE_UNSPECIFIED: None,
+    pb.PIPELINE_MODE_OFF: "off",
+    pb.PIPELINE_MODE_ON: "on",
+    pb.PIPELINE_MODE_AUTO: "auto",
+}
 FINISH_OF = {
     "length": pb.FINISH_REASON_LENGTH,
     "eos": pb.FINISH_REASON_EOS,
@@ -47,10 +53,15 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         if request.speculation.mode not in MODE_OF:
             raise InvalidInput(f"unknown speculation mode {request.speculation.mode}")
+        if request.speculation.pipeline not in PIPELINE_OF:
+            raise InvalidInput(f"unknown pipeline mode {request.speculation.pipeline}")
         speculation = Speculation(
             mode=MODE_OF[request.speculation.mode],
             num_speculative_tokens=(request.speculation.num_speculative_tokens
                                     if request.speculation.HasField("num_speculative_tokens") else None),
+            pipeline=PIPELINE_OF[request.speculation.pipeline],
+            pipeline_fanout=(request.speculation.pipeline_fanout
+                             if request.speculation.HasField("pipeline_fanout") else None),
         )
         chunks = self.service.generate(
             PromptInput(
@@ -123,4 +134,9 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         num_accepted_per_round=stats.num_accepted_per_round,
         drafted_tokens_by_method=stats.drafted_by_method,
         accepted_tokens_by_method=stats.accepted_by_method,
+        pipelined_rounds=stats.pipelined_rounds,
+        pipeline_hits=stats.pipeline_hits,
+        pipeline_misses=stats.pipeline_misses,
+        branches_drafted=stats.branches_drafted,
+        fanout_per_round=stats.fanout_per_round,
     )

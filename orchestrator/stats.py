@@ -42,6 +42,12 @@ class GenerationStats:
     # By the method that proposed them ("model", "ngram", "suffix"): drafted and accepted tokens.
     drafted_by_method: dict[str, int] = field(default_factory=dict)
     accepted_by_method: dict[str, int] = field(default_factory=dict)
+    # Pipelining: rounds that drafted ahead, next rounds that found their branch (hits) or not.
+    pipelined_rounds: int = 0
+    pipeline_hits: int = 0
+    pipeline_misses: int = 0
+    branches_drafted: int = 0
+    fanout_per_round: list[int] = field(default_factory=list)
     observer: StatsObserver | None = field(default=None, repr=False, compare=False)
 
     def add_draft_call(self, timing: CallTiming) -> None:

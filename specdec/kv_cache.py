@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 _MIN_CAPACITY = 64
+_FORK_ROOM = 16  # spare positions of a fork: a branch feeds a handful of tokens
 
 
 class SequenceCache:
@@ -32,6 +33,22 @@ class SequenceCache:
         if not 0 <= length <= len(self.token_ids):
             raise ValueError(f"cannot truncate {len(self.token_ids)} tokens to {length}")
         del self.token_ids[length:]
+
+    def fork(self, length: int) -> SequenceCache:
+        """A new cache holding a copy of this one's first `length` tokens: fed from there on, it
+        leaves this cache as it is (a branch drafted ahead on a guessed outcome)."""
+        if not 0 < length <= len(self.token_ids):
+            raise ValueError(f"cannot fork {length} of {len(self.token_ids)} tokens")
+        fork = SequenceCache(self._model)
+        fork.token_ids = self.token_ids[:length]
+        for i, (keys, values) in enumerate(zip(self._keys, self._values)):
+            if keys is None or values is None:
+                raise ValueError("the cache is empty")
+            shape = (1, keys.shape[1], max(_MIN_CAPACITY, length + _FORK_ROOM), keys.shape[3])
+            fork._keys[i], fork._values[i] = keys.new_empty(shape), values.new_empty(shape)
+            fork._keys[i][:, :, :length] = keys[:, :, :length]
+            fork._values[i][:, :, :length] = values[:, :, :length]
+        return fork
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values `layer` holds for the cached tokens, (1, H_kv, len(self), D)."""

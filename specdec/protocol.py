@@ -82,6 +82,47 @@ class Proposal:
 
 
 @dataclass(frozen=True)
+class BranchProposal:
+    """A proposal drafted ahead for one outcome of the round being verified: "num_accepted drafts
+    accepted, then next_token_id"."""
+
+    num_accepted: int
+    next_token_id: int
+    proposal: Proposal
+
+
+@dataclass(frozen=True)
+class DraftedAhead:
+    """The branches a draft drafted ahead while the target verified, and its top candidates at
+    each outcome position j = 0 .. K (the drafted token excluded, best first)."""
+
+    branches: tuple[BranchProposal, ...] = ()
+    candidates: tuple[tuple[int, ...], ...] = ()
+
+    def branch_for(self, num_accepted: int, next_token_id: int) -> Proposal | None:
+        for branch in self.branches:
+            if branch.num_accepted == num_accepted and branch.next_token_id == next_token_id:
+                return branch.proposal
+        return None
+
+    def rank(self, num_accepted: int, next_token_id: int) -> int | None:
+        """The 1-based rank of next_token_id among the candidates at that outcome; None when it
+        is not among them (or none were sent)."""
+        if not 0 <= num_accepted < len(self.candidates):
+            return None
+        candidates = self.candidates[num_accepted]
+        return candidates.index(next_token_id) + 1 if next_token_id in candidates else None
+
+    @property
+    def fanout(self) -> int:
+        """Candidates drafted per outcome (the largest count at any position)."""
+        counts: dict[int, int] = {}
+        for branch in self.branches:
+            counts[branch.num_accepted] = counts.get(branch.num_accepted, 0) + 1
+        return max(counts.values(), default=0)
+
+
+@dataclass(frozen=True)
 class VerifyOutcome:
     """The target's decision on one proposal (the terms are defined in specdec/sampling.py)."""
 

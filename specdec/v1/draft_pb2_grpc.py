@@ -48,6 +48,11 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_draft__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_draft__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.Speculate = channel.unary_stream(
+                '/specdec.v1.DraftService/Speculate',
+                request_serializer=specdec_dot_v1_dot_draft__pb2.SpeculateRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.SpeculateResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -78,6 +83,17 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Speculate(self, request, context):
+        """Propose, then draft ahead while the target verifies: the first message carries the proposal
+        (as Propose's reply), the second the branches for the round after it, one per likely outcome
+        "j of the K drafts accepted, then token t" (t among the draft's top `fanout` candidates at
+        that position). A later Propose or Speculate whose new committed tokens are a branch's
+        outcome adopts that branch's drafts and cache instead of drafting again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -102,6 +118,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=specdec_dot_v1_dot_draft__pb2.ProposeRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_draft__pb2.ProposeResponse.SerializeToString,
+            ),
+            'Speculate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Speculate,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.SpeculateRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.SpeculateResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -171,6 +192,33 @@ class DraftService:
             '/specdec.v1.DraftService/Propose',
             specdec_dot_v1_dot_draft__pb2.ProposeRequest.SerializeToString,
             specdec_dot_v1_dot_draft__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Speculate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/specdec.v1.DraftService/Speculate',
+            specdec_dot_v1_dot_draft__pb2.SpeculateRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.SpeculateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,6 +16,13 @@ class SpeculationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPECULATION_MODE_ADAPTIVE: _ClassVar[SpeculationMode]
     SPECULATION_MODE_HEURISTIC: _ClassVar[SpeculationMode]
 
+class PipelineMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PIPELINE_MODE_UNSPECIFIED: _ClassVar[PipelineMode]
+    PIPELINE_MODE_OFF: _ClassVar[PipelineMode]
+    PIPELINE_MODE_ON: _ClassVar[PipelineMode]
+    PIPELINE_MODE_AUTO: _ClassVar[PipelineMode]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -28,6 +35,10 @@ SPECULATION_MODE_OFF: SpeculationMode
 SPECULATION_MODE_FIXED: SpeculationMode
 SPECULATION_MODE_ADAPTIVE: SpeculationMode
 SPECULATION_MODE_HEURISTIC: SpeculationMode
+PIPELINE_MODE_UNSPECIFIED: PipelineMode
+PIPELINE_MODE_OFF: PipelineMode
+PIPELINE_MODE_ON: PipelineMode
+PIPELINE_MODE_AUTO: PipelineMode
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_EOS: FinishReason
@@ -43,12 +54,16 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class SpeculationConfig(_message.Message):
-    __slots__ = ("mode", "num_speculative_tokens")
+    __slots__ = ("mode", "num_speculative_tokens", "pipeline", "pipeline_fanout")
     MODE_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FANOUT_FIELD_NUMBER: _ClassVar[int]
     mode: SpeculationMode
     num_speculative_tokens: int
-    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
+    pipeline: PipelineMode
+    pipeline_fanout: int
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., num_speculative_tokens: _Optional[int] = ..., pipeline: _Optional[_Union[PipelineMode, str]] = ..., pipeline_fanout: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "prompt_token_ids", "messages", "max_new_tokens", "sampling", "stop", "speculation")
@@ -69,7 +84,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_rate", "num_speculative_tokens_per_round", "tokens_per_second", "wall_seconds", "time_to_first_token_seconds", "draft_seconds", "verify_seconds", "network_seconds", "re_prefills", "draft_unavailable_rounds", "target_replica", "draft_replica", "controller_estimates", "num_accepted_per_round", "drafted_tokens_by_method", "accepted_tokens_by_method")
+    __slots__ = ("prompt_tokens", "generated_tokens", "rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_rate", "num_speculative_tokens_per_round", "tokens_per_second", "wall_seconds", "time_to_first_token_seconds", "draft_seconds", "verify_seconds", "network_seconds", "re_prefills", "draft_unavailable_rounds", "target_replica", "draft_replica", "controller_estimates", "num_accepted_per_round", "drafted_tokens_by_method", "accepted_tokens_by_method", "pipelined_rounds", "pipeline_hits", "pipeline_misses", "branches_drafted", "fanout_per_round")
     class ControllerEstimatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +128,11 @@ class GenerationStats(_message.Message):
     NUM_ACCEPTED_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_BY_METHOD_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_BY_METHOD_FIELD_NUMBER: _ClassVar[int]
+    PIPELINED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_HITS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    FANOUT_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     rounds: int
@@ -135,7 +155,12 @@ class GenerationStats(_message.Message):
     num_accepted_per_round: _containers.RepeatedScalarFieldContainer[int]
     drafted_tokens_by_method: _containers.ScalarMap[str, int]
     accepted_tokens_by_method: _containers.ScalarMap[str, int]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., num_speculative_tokens_per_round: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., time_to_first_token_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., network_seconds: _Optional[float] = ..., re_prefills: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., controller_estimates: _Optional[_Mapping[str, float]] = ..., num_accepted_per_round: _Optional[_Iterable[int]] = ..., drafted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., accepted_tokens_by_method: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    pipelined_rounds: int
+    pipeline_hits: int
+    pipeline_misses: int
+    branches_drafted: int
+    fanout_per_round: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., num_speculative_tokens_per_round: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., time_to_first_token_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., network_seconds: _Optional[float] = ..., re_prefills: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., controller_estimates: _Optional[_Mapping[str, float]] = ..., num_accepted_per_round: _Optional[_Iterable[int]] = ..., drafted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., accepted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., pipelined_rounds: _Optional[int] = ..., pipeline_hits: _Optional[int] = ..., pipeline_misses: _Optional[int] = ..., branches_drafted: _Optional[int] = ..., fanout_per_round: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "stats", "finish_reason")

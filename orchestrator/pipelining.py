@@ -1,0 +1,76 @@
+"""Whether a round drafts ahead, and how widely: the seam between the loop and its pipelining.
+
+A pipelined round asks the draft for a Speculate instead of a Propose: while the target verifies
+the round's K drafts, the draft drafts the next round for its likely outcomes ("j accepted, then
+t", t among its top `fanout` candidates at position j), branch_num_speculative_tokens drafts each.
+If the outcome is among them, the next round's proposal is already here: it goes to the target at
+once, and the draft adopts the same branch on its side (a hit). Otherwise the next round proposes
+as usual (a miss). Outputs do not change either way: a branch holds exactly the drafts a Propose
+after that outcome would draft (docs/architecture.md, "Pipelining").
+
+`off` never drafts ahead; `on` drafts ahead every drafted round with a fixed fan-out and the
+round's own K for the branches; `auto` (orchestrator/pipeline_policy.py, through the adaptive
+controller) drafts ahead where the expected hit rate pays for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+PipelineMode = Literal["off", "on", "auto"]
+PIPELINE_MODES: tuple[PipelineMode, ...] = ("off", "on", "auto")
+MAX_PIPELINE_FANOUT = 8  # the draft's candidates per position (draft_service/engine.py)
+DEFAULT_PIPELINE_FANOUT = 3
+
+
+@dataclass(frozen=True)
+class AheadPlan:
+    """What a round asks the draft to draft ahead: fanout 0 is a plain Propose."""
+
+    fanout: int = 0
+    branch_num_speculative_tokens: int = 0
+
+    @property
+    def drafts_ahead(self) -> bool:
+        return self.fanout > 0 and self.branch_num_speculative_tokens > 0
+
+
+NO_AHEAD = AheadPlan()
+
+
+class PipelinePolicy(Protocol):
+    def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
+        """What a round of num_speculative_tokens (> 0) drafts drafts ahead; branches hold at
+        most max_num_speculative_tokens drafts (the servers' limit)."""
+
+    def observe_outcome(self, num_speculative_tokens: int, num_accepted: int, rank: int | None) -> None:
+        """A pipelined round's outcome: the 1-based rank of the target's token among the draft's
+        candidates at position num_accepted (None: not among them)."""
+
+
+@dataclass
+class NoPipeline:
+    def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
+        return NO_AHEAD
+
+    def observe_outcome(self, num_speculative_tokens: int, num_accepted: int, rank: int | None) -> None:
+        pass
+
+
+@dataclass
+class FixedPipeline:
+    """Every drafted round drafts ahead `fanout` candidates per outcome, K drafts per branch
+    (the next round's K under fixed K)."""
+
+    fanout: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.fanout <= MAX_PIPELINE_FANOUT:
+            raise ValueError(f"pipeline fanout must be in [1, {MAX_PIPELINE_FANOUT}], got {self.fanout}")
+
+    def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
+        return AheadPlan(self.fanout, min(num_speculative_tokens, max_num_speculative_tokens))
+
+    def observe_outcome(self, num_speculative_tokens: int, num_accepted: int, rank: int | None) -> None:
+        pass

@@ -1,0 +1,80 @@
+"""Pipelined generation through the real services (float64 tiny pair): for a fixed K, the output
+with drafting ahead is identical to the output without it, greedy and seeded sampling, and the
+stats count what happened."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec.v1 import common_pb2
+from specdec.v1 import orchestrator_pb2 as pb
+from tests.stack import generate
+
+MAX_NEW_TOKENS = 40
+
+
+def _prompts(count: int, vocab_size: int = 50) -> list[list[int]]:
+    rng = random.Random(99)
+    return [[rng.randrange(3, vocab_size) for _ in range(rng.randint(2, 20))] for _ in range(count)]
+
+
+def _request(prompt: list[int], num_speculative_tokens: int, pipeline: int, fanout: int | None = None,
+             sampling: common_pb2.SamplingParams | None = None) -> pb.GenerateRequest:
+    speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=num_speculative_tokens,
+                                       pipeline=pipeline)
+    if fanout is not None:
+        speculation.pipeline_fanout = fanout
+    return pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=MAX_NEW_TOKENS, speculation=speculation,
+                              sampling=sampling)
+
+
+def _check_stats(stats: pb.GenerationStats) -> None:
+    """Pipelined rounds are the drafted rounds that got branches back (all of them here; an output
+    that ends at its first token has none)."""
+    assert stats.pipelined_rounds == sum(k > 0 for k in stats.num_speculative_tokens_per_round)
+    assert stats.pipeline_hits + stats.pipeline_misses <= stats.pipelined_rounds
+    assert len(stats.fanout_per_round) == stats.pipelined_rounds
+    assert stats.branches_drafted >= stats.pipelined_rounds
+
+
+@pytest.mark.parametrize("num_speculative_tokens,fanout", [(1, 1), (2, 3), (4, 2)])
+def test_greedy_output_identical_with_drafting_ahead(stack, num_speculative_tokens, fanout):
+    hits = 0
+    for prompt in _prompts(6):
+        plain, _, last_plain = generate(stack.address, _request(prompt, num_speculative_tokens, pb.PIPELINE_MODE_OFF))
+        ahead, _, last = generate(stack.address, _request(prompt, num_speculative_tokens, pb.PIPELINE_MODE_ON, fanout))
+        assert ahead == plain, prompt
+        assert last_plain.stats.pipelined_rounds == 0
+        assert list(last.stats.num_speculative_tokens_per_round) == list(last_plain.stats.num_speculative_tokens_per_round)
+        _check_stats(last.stats)
+        hits += last.stats.pipeline_hits
+    assert hits > 0
+
+
+@pytest.mark.parametrize("seed", [3, 17])
+def test_seeded_sampling_identical_with_drafting_ahead(stack, seed):
+    sampling = common_pb2.SamplingParams(temperature=0.8, top_p=0.95, seed=seed)
+    hits = 0
+    for prompt in _prompts(4):
+        plain, _, _ = generate(stack.address, _request(prompt, 3, pb.PIPELINE_MODE_OFF, sampling=sampling))
+        ahead, _, last = generate(stack.address, _request(prompt, 3, pb.PIPELINE_MODE_ON, 3, sampling=sampling))
+        assert ahead == plain, prompt
+        _check_stats(last.stats)
+        hits += last.stats.pipeline_hits
+    assert hits > 0
+
+
+def test_every_round_hits_when_the_draft_is_the_target(stack_same):
+    checked = 0
+    for prompt in _prompts(6):
+        plain, _, _ = generate(stack_same.address, _request(prompt, 3, pb.PIPELINE_MODE_OFF))
+        ahead, _, last = generate(stack_same.address, _request(prompt, 3, pb.PIPELINE_MODE_ON, 1))
+        assert ahead == plain
+        stats = last.stats
+        if stats.rounds >= 3:
+            # Round 1 proposes; each later round's proposal was drafted ahead in the round before.
+            assert stats.pipeline_misses == 0 and stats.pipeline_hits == stats.rounds - 1, stats
+            checked += 1
+    assert checked > 0
