@@ -19,14 +19,27 @@ from dataclasses import dataclass
 from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.k_policy import KPolicy, RoundObservation
 from orchestrator.local_draft import LocalDraft, lookup_reply
-from orchestrator.pipelining import NO_AHEAD, AheadPlan, NoPipeline, PipelinePolicy
+from orchestrator.pipelining import (
+    NO_AHEAD,
+    AheadObservation,
+    AheadPlan,
+    NoPipeline,
+    PipelinePolicy,
+)
 from orchestrator.pool import ReplicaPool
 from orchestrator.recovery import SessionReplicas
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.stats import GenerationStats, StatsObserver
 from orchestrator.text import Decoder, TextStream
 from specdec.errors import InvalidInput, OutOfRange
-from specdec.protocol import CallTiming, DraftedAhead, Proposal, Reply, SamplingParams, VerifyOutcome
+from specdec.protocol import (
+    CallTiming,
+    DraftedAhead,
+    Proposal,
+    Reply,
+    SamplingParams,
+    VerifyOutcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +182,12 @@ class Generation:
         if proposal.num_speculative_tokens:
             self.stats.add_method_round(method or self.replicas.draft_method, proposal.num_speculative_tokens,
                                         outcome.num_accepted)
-        self.policy.observe(_observation(proposed, verified, proposal, hit=branch is not None))
+        self.policy.observe(_observation(proposed, verified, proposal, hit=branch is not None,
+                                         drafting_ahead=plan.drafts_ahead and draft_side is not None))
         committed = [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
         if ahead is not None:
-            self._keep_branch(ahead[0], proposal, outcome, plan, len(self.committed) + len(committed))
+            own_call = branch is not None  # after a hit the branches came on a call of their own
+            self._keep_branch(*ahead, proposal, outcome, plan, len(self.committed) + len(committed), own_call)
         return committed
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
@@ -187,17 +202,28 @@ class Generation:
         count = min(num_speculative_tokens, proposal.num_speculative_tokens)
         return Proposal(proposal.token_ids[:count], proposal.distributions[:count])
 
-    def _keep_branch(self, ahead: DraftedAhead, proposal: Proposal, outcome: VerifyOutcome, plan: AheadPlan,
-                     committed_length: int) -> None:
+    def _keep_branch(self, ahead: DraftedAhead, timing: CallTiming, proposal: Proposal, outcome: VerifyOutcome,
+                     plan: AheadPlan, committed_length: int, own_call: bool) -> None:
         """Records what the draft drafted ahead of this round: the branch for its outcome (a hit
         next round), or a miss; and where the target's token ranked among the candidates."""
         if not ahead.branches:
             return
         self.stats.pipelined_rounds += 1
         self.stats.branches_drafted += len(ahead.branches)
-        self.stats.fanout_per_round.append(ahead.fanout or plan.fanout)
-        self.pipeline.observe_outcome(proposal.num_speculative_tokens, outcome.num_accepted,
-                                      ahead.rank(outcome.num_accepted, outcome.next_token_id))
+        fanout = ahead.fanout or plan.fanout
+        self.stats.fanout_per_round.append(fanout)
+        position = outcome.num_accepted
+        self.pipeline.observe_ahead(AheadObservation(
+            num_speculative_tokens=proposal.num_speculative_tokens,
+            num_accepted=position,
+            rank=ahead.rank(position, outcome.next_token_id),
+            candidates=len(ahead.candidates[position]) if position < len(ahead.candidates) else 0,
+            fanout=fanout,
+            branches=len(ahead.branches),
+            branch_num_speculative_tokens=max(b.proposal.num_speculative_tokens for b in ahead.branches),
+            compute_seconds=timing.compute_seconds,
+            wall_seconds=timing.wall_seconds if own_call else None,
+        ))
         branch = ahead.branch_for(outcome.num_accepted, outcome.next_token_id)
         if branch is None:
             self.stats.pipeline_misses += 1
@@ -272,9 +298,12 @@ class Generation:
         return Chunk(tuple(kept), text, finish)
 
 
-def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal,
-                 hit: bool = False) -> RoundObservation:
-    """What the round measured; on a hit (drafted ahead) no draft call was waited for."""
+def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal | None = None,
+                 hit: bool = False, drafting_ahead: bool = False) -> RoundObservation:
+    """What the round measured. proposal: what was verified (by default the draft call's); on a
+    hit (drafted ahead the round before) no draft call was waited for."""
+    if proposal is None:
+        proposal = proposed.value if proposed else NO_PROPOSAL
     draft_timing = proposed.timing if proposed else CallTiming(0.0)
     own_rows = proposal.num_speculative_tokens + 1
     # A server that predates batching reports 0 for both: this round's pass was its own.
@@ -292,4 +321,5 @@ def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome
         verify_pass_rows=float(max(pass_rows, own_rows)),
         verify_pass_sessions=float(max(pass_sessions, 1.0)),
         drafted_ahead=hit,
+        drafting_ahead=drafting_ahead,
     )

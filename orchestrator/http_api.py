@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator.generation import Chunk
 from orchestrator.k_policy import Speculation, SpeculationMode
+from orchestrator.pipelining import MAX_PIPELINE_FANOUT, PipelineMode
 from orchestrator.service import OrchestratorService, PromptInput
 from orchestrator.stats import GenerationStats
 from specdec import errors
@@ -131,6 +132,8 @@ class SpecdecOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     speculation: SpeculationMode | None = None  # off, fixed, adaptive, heuristic; None: the server's
     num_speculative_tokens: int | None = Field(default=None, ge=0)
+    pipeline: PipelineMode | None = None  # drafting ahead: off, on, auto; None: the server's
+    pipeline_fanout: int | None = Field(default=None, ge=1, le=MAX_PIPELINE_FANOUT)
 
 
 # Parameters OpenAI defines that specdec does not implement: refused (400) unless they carry a
@@ -187,7 +190,8 @@ class _GenerateRequest(BaseModel):
 
     def speculation(self) -> Speculation:
         options = self.specdec or SpecdecOptions()
-        return Speculation(mode=options.speculation, num_speculative_tokens=options.num_speculative_tokens)
+        return Speculation(mode=options.speculation, num_speculative_tokens=options.num_speculative_tokens,
+                           pipeline=options.pipeline, pipeline_fanout=options.pipeline_fanout)
 
 
 class CompletionRequest(_GenerateRequest):
@@ -283,6 +287,11 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "network_seconds": stats.network_seconds,
         "re_prefills": stats.re_prefills,
         "draft_unavailable_rounds": stats.draft_unavailable_rounds,
+        "pipelined_rounds": stats.pipelined_rounds,
+        "pipeline_hits": stats.pipeline_hits,
+        "pipeline_misses": stats.pipeline_misses,
+        "branches_drafted": stats.branches_drafted,
+        "fanout_per_round": list(stats.fanout_per_round),
         "target_replica": stats.target_replica,
         "draft_replica": stats.draft_replica,
         "controller_estimates": dict(stats.controller_estimates),

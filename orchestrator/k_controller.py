@@ -72,6 +72,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from orchestrator.k_estimates import (
     AcceptanceEstimate,
@@ -81,6 +82,15 @@ from orchestrator.k_estimates import (
     VerifyFit,
 )
 from orchestrator.k_policy import RoundObservation
+from orchestrator.pipelining import (
+    NO_AHEAD,
+    AheadObservation,
+    AheadPlan,
+    PipelinePolicy,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.pipeline_policy import PipelineController, PipelinePriors
 
 # ---------------------------------------------------------------------------------------------
 # The cost model (pure)
@@ -351,6 +361,9 @@ class AdaptiveKController:
         self._pass_sessions = RunningEstimate(cfg.timing_weight)
         self._others_rows = RunningEstimate(cfg.timing_weight)
         self._round = 0
+        self._ahead: PipelineController | None = None  # pipeline auto: drafting ahead, chosen with K
+        self._max_fanout = 0
+        self._planned_fanout = 0  # this round's fan-out, chosen in choose()
         self._num_speculative_tokens = cfg.initial_num_speculative_tokens
         self._pending_catchup_tokens = 0  # committed tokens the draft missed during K = 0 rounds
         self._rounds_since_probe = 0
@@ -370,6 +383,32 @@ class AdaptiveKController:
 
     def choose(self, max_num_speculative_tokens: int) -> int:
         max_num_speculative_tokens = min(max_num_speculative_tokens, self._config.max_num_speculative_tokens)
+        self._planned_fanout = 0
+        num_speculative_tokens = self._choose_plain(max_num_speculative_tokens)
+        if self._ahead is None or max_num_speculative_tokens <= 0 or self._probe_outstanding:
+            return num_speculative_tokens
+        costs = self._costs()
+        if costs is None:
+            return num_speculative_tokens
+        # Drafting ahead makes a hit round cheaper, so it may pay to draft more, or at all where
+        # plain rounds would not: K and the fan-out together (orchestrator/pipeline_policy.py);
+        # not pipelining, K stays the plain choice (with its probes while at 0).
+        ahead_k, fanout = self._ahead.choose(self._alpha.alpha, costs, max_num_speculative_tokens, self._max_fanout)
+        if ahead_k > 0 and fanout > 0:
+            self._planned_fanout = fanout
+            return ahead_k
+        return num_speculative_tokens
+
+    def pipeline(self, max_fanout: int, priors: PipelinePriors | None = None) -> PipelinePolicy:
+        """Drafting ahead chosen with K from this session's estimates (pipeline auto)."""
+        # pipeline_policy builds on this module: imported here, not at the top
+        from orchestrator.pipeline_policy import PipelineController
+
+        self._ahead = PipelineController(priors=priors)
+        self._max_fanout = max_fanout
+        return _AutoPipeline(self)
+
+    def _choose_plain(self, max_num_speculative_tokens: int) -> int:
         if max_num_speculative_tokens <= 0:
             return 0
         if self._num_speculative_tokens == 0 and self._rounds_since_probe >= self._probe_interval:
@@ -410,6 +449,8 @@ class AdaptiveKController:
         coefficients = self._verify.coefficients()
         if coefficients is not None:
             figures["verify_a"], figures["verify_b"] = coefficients
+        if self._ahead is not None:
+            figures.update(self._ahead.estimates())
         costs = self._costs(include_catchup=False)
         if costs is not None:
             alpha, current = self._alpha.alpha, self._num_speculative_tokens
@@ -448,7 +489,14 @@ class AdaptiveKController:
             self._pending_catchup_tokens += 1
         # The fit is over the whole pass's rows: the time is that of the pass, whoever was in it.
         rows = observation.pass_rows
-        self._verify.update(rows, observation.verify_compute_seconds, index)
+        verify_seconds = observation.verify_compute_seconds
+        if self._ahead is not None:
+            # Branches drafted on the target's cores slow its pass: the pipeline model measures
+            # by how much, and the fit gets the time the pass takes without them.
+            if self._verify.coefficients() is not None:
+                self._ahead.observe_verify(observation.drafting_ahead, verify_seconds, self._verify.seconds(rows))
+            verify_seconds = self._ahead.plain_verify_seconds(verify_seconds, observation.drafting_ahead)
+        self._verify.update(rows, verify_seconds, index)
         self._pass_rows.update(float(rows), index)
         self._pass_sessions.update(observation.pass_sessions, index)
         self._others_rows.update(float(rows - num_speculative_tokens - 1), index)
@@ -549,3 +597,24 @@ class AdaptiveKController:
             rtt_target=own(self._rtt_target),
             verify_residuals=self._verify.residuals() if self._verify.session_samples > 0 else None,
         )
+
+
+class _AutoPipeline:
+    """Pipeline auto: the fan-out the controller chose with this round's K."""
+
+    def __init__(self, controller: AdaptiveKController) -> None:
+        self._controller = controller
+
+    def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
+        fanout = self._controller._planned_fanout
+        return AheadPlan(fanout, min(num_speculative_tokens, max_num_speculative_tokens)) if fanout else NO_AHEAD
+
+    def observe_ahead(self, observation: AheadObservation) -> None:
+        ahead = self._controller._ahead
+        assert ahead is not None
+        ahead.observe_outcome(observation.num_accepted == observation.num_speculative_tokens, observation.rank,
+                              observation.candidates, observation.fanout)
+        if observation.branches:
+            rows_per_pass = max(1, round(observation.branches))
+            ahead.observe_branches(observation.compute_seconds, observation.branch_num_speculative_tokens + 1,
+                                   rows_per_pass, observation.wall_seconds)

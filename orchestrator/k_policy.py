@@ -48,6 +48,9 @@ class RoundObservation:
     # The proposal was drafted ahead during the previous round's verify (a pipelining hit): no
     # draft call was waited for, and the draft figures above are 0.
     drafted_ahead: bool = False
+    # The draft drafted the next round ahead during this round's verify (its compute may have
+    # slowed the verify pass where the two share cores).
+    drafting_ahead: bool = False
 
     @property
     def pass_rows(self) -> int:

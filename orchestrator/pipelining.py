@@ -39,14 +39,29 @@ class AheadPlan:
 NO_AHEAD = AheadPlan()
 
 
+@dataclass(frozen=True)
+class AheadObservation:
+    """What a round that drafted ahead learnt: its outcome's place among the draft's candidates,
+    and what the branches cost."""
+
+    num_speculative_tokens: int  # K of the round the branches follow
+    num_accepted: int  # its outcome: j drafts accepted, then the target's token
+    rank: int | None  # that token's 1-based rank among the draft's candidates at j (None: absent)
+    candidates: int  # how many candidates the draft sent for position j
+    fanout: int  # candidates per outcome that got a branch
+    branches: int  # branches drafted
+    branch_num_speculative_tokens: int  # K' of each branch
+    compute_seconds: float  # the draft's compute for the branches
+    wall_seconds: float | None  # their own call's wall time (after a hit); None: they followed a proposal
+
+
 class PipelinePolicy(Protocol):
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
         """What a round of num_speculative_tokens (> 0) drafts drafts ahead; branches hold at
         most max_num_speculative_tokens drafts (the servers' limit)."""
 
-    def observe_outcome(self, num_speculative_tokens: int, num_accepted: int, rank: int | None) -> None:
-        """A pipelined round's outcome: the 1-based rank of the target's token among the draft's
-        candidates at position num_accepted (None: not among them)."""
+    def observe_ahead(self, observation: AheadObservation) -> None:
+        """A round that drafted ahead, once its outcome is known."""
 
 
 @dataclass
@@ -54,7 +69,7 @@ class NoPipeline:
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
         return NO_AHEAD
 
-    def observe_outcome(self, num_speculative_tokens: int, num_accepted: int, rank: int | None) -> None:
+    def observe_ahead(self, observation: AheadObservation) -> None:
         pass
 
 
@@ -72,5 +87,5 @@ class FixedPipeline:
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
         return AheadPlan(self.fanout, min(num_speculative_tokens, max_num_speculative_tokens))
 
-    def observe_outcome(self, num_speculative_tokens: int, num_accepted: int, rank: int | None) -> None:
+    def observe_ahead(self, observation: AheadObservation) -> None:
         pass

@@ -39,7 +39,15 @@ from specdec.errors import (
     Unavailable,
 )
 from specdec.lookup import proposal_method
-from specdec.protocol import CallTiming, DraftedAhead, Handle, Proposal, Reply, SamplingParams, VerifyOutcome
+from specdec.protocol import (
+    CallTiming,
+    DraftedAhead,
+    Handle,
+    Proposal,
+    Reply,
+    SamplingParams,
+    VerifyOutcome,
+)
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,29 @@ from pathlib import Path
 
 from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.discovery import make_source
-from orchestrator.generation import Chunk, Generation, GenerationLimits, GenerationRequest
+from orchestrator.generation import (
+    Chunk,
+    Generation,
+    GenerationLimits,
+    GenerationRequest,
+)
 from orchestrator.k_controller import AdaptiveKController, KControllerConfig
 from orchestrator.k_estimates import ControllerPriors
-from orchestrator.k_policy import SPECULATION_MODES, FixedK, HeuristicK, KPolicy, Speculation, SpeculationMode
-from orchestrator.local_draft import LocalDrafts, LookupConfig, NoReplicas, draft_method_of
-from orchestrator.pool import PoolConfig, ReplicaPool
+from orchestrator.k_policy import (
+    SPECULATION_MODES,
+    FixedK,
+    HeuristicK,
+    KPolicy,
+    Speculation,
+    SpeculationMode,
+)
+from orchestrator.local_draft import (
+    LocalDrafts,
+    LookupConfig,
+    NoReplicas,
+    draft_method_of,
+)
+from orchestrator.pipeline_policy import PipelinePriors
 from orchestrator.pipelining import (
     DEFAULT_PIPELINE_FANOUT,
     MAX_PIPELINE_FANOUT,
@@ -27,11 +44,17 @@ from orchestrator.pipelining import (
     PipelineMode,
     PipelinePolicy,
 )
+from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.telemetry import Telemetry
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
 from specdec.models import load_tokenizer, tokenizer_from_files, tokenizer_hash
-from specdec.protocol import ReplicaInfo, SamplingParams, check_compatible, check_token_ids
+from specdec.protocol import (
+    ReplicaInfo,
+    SamplingParams,
+    check_compatible,
+    check_token_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +118,7 @@ class OrchestratorService:
         # Pool-wide estimates that seed each new session's controller, kept apart for greedy and
         # sampled requests: their acceptance rates differ (timings are learnt in both).
         self.controller_priors = {"greedy": ControllerPriors(), "sampled": ControllerPriors()}
+        self.pipeline_priors = {"greedy": PipelinePriors(), "sampled": PipelinePriors()}
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
@@ -232,7 +256,7 @@ class OrchestratorService:
         priors = self.controller_priors["greedy" if greedy else "sampled"]
         return AdaptiveKController(controller, priors=priors)
 
-    def pipeline(self, speculation: Speculation, policy: KPolicy) -> PipelinePolicy:
+    def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""
         mode = speculation.pipeline or self.config.pipeline
         fanout = self.config.pipeline_fanout if speculation.pipeline_fanout is None else speculation.pipeline_fanout
@@ -241,7 +265,7 @@ class OrchestratorService:
         if mode == "off" or self.draft_method != "model":
             return NoPipeline()  # a lookup answers at once: nothing to draft ahead of it
         if mode == "auto" and isinstance(policy, AdaptiveKController):
-            return policy.pipeline(fanout)
+            return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)
 
     def generate(
@@ -259,7 +283,7 @@ class OrchestratorService:
         with bearer tokens configured, a digest of the request's token; "" otherwise."""
         arrived = time.perf_counter()
         policy = self.policy(speculation, greedy=sampling.greedy)
-        pipeline = self.pipeline(speculation, policy)
+        pipeline = self.pipeline(speculation, policy, greedy=sampling.greedy)
         if any(not s for s in stop):
             raise InvalidInput("stop strings must not be empty")
         if stop and self.tokenizer is None:

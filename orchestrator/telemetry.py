@@ -120,6 +120,14 @@ class Telemetry:
                                    "tokens after a lost replica or session")
         self.draft_unavailable_rounds = counter("specdec:draft_unavailable_rounds",
                                                 "Rounds run at K = 0 because no draft held the session")
+        # Pipelining (drafting ahead while the target verifies).
+        self.pipelined_rounds = counter("specdec:pipelined_rounds",
+                                        "Rounds whose draft call also drafted the next round ahead")
+        self.pipeline_hits = counter("specdec:pipeline_hits",
+                                     "Rounds whose proposal had been drafted ahead (no draft call waited for)")
+        self.pipeline_misses = counter("specdec:pipeline_misses",
+                                       "Rounds after a pipelined round whose outcome had no branch")
+        self.branches_drafted = counter("specdec:branches_drafted", "Branches drafted ahead")
         # The orchestrator HPA's Pods metric, under the model services' name and labels.
         self.active_sessions = Gauge("specdec_active_sessions", "Generate streams in flight",
                                      ["role", "replica_id"], registry=registry).labels(
@@ -143,7 +151,8 @@ class Telemetry:
                        self.time_to_first_token, self.inter_token_latency, self.time_per_output_token,
                        self.e2e_request_latency, self.prompt_tokens, self.generation_tokens,
                        self.num_requests_running, self.num_speculative_tokens, self.re_prefills,
-                       self.draft_unavailable_rounds):
+                       self.draft_unavailable_rounds, self.pipelined_rounds, self.pipeline_hits,
+                       self.pipeline_misses, self.branches_drafted):
             family.labels(model_name)
         self._position(0)
 
@@ -261,6 +270,10 @@ class RequestTelemetry:
         t.generation_tokens.labels(model).inc(stats.generated_tokens)
         t.re_prefills.labels(model).inc(stats.re_prefills)
         t.draft_unavailable_rounds.labels(model).inc(stats.draft_unavailable_rounds)
+        t.pipelined_rounds.labels(model).inc(stats.pipelined_rounds)
+        t.pipeline_hits.labels(model).inc(stats.pipeline_hits)
+        t.pipeline_misses.labels(model).inc(stats.pipeline_misses)
+        t.branches_drafted.labels(model).inc(stats.branches_drafted)
         if last is not None and finish not in ("abort", "error"):
             t.e2e_request_latency.labels(model).observe(last - self.arrived)
             if first_token is not None and stats.generated_tokens > 1:
@@ -277,6 +290,8 @@ def _span_summary(stats: GenerationStats, finish: str) -> dict[str, str | int | 
         "specdec.accepted_tokens": stats.accepted_tokens,
         "specdec.mean_accepted_length": stats.mean_accepted_length,
         "specdec.re_prefills": stats.re_prefills,
+        "specdec.pipeline_hits": stats.pipeline_hits,
+        "specdec.pipeline_misses": stats.pipeline_misses,
         "specdec.target_replica": stats.target_replica,
         "specdec.draft_replica": stats.draft_replica,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from draft_service.service import DraftConfig
 from orchestrator.clients import RpcTimeouts
 from orchestrator.k_policy import SPECULATION_MODES
 from orchestrator.local_draft import LookupConfig
+from orchestrator.pipelining import PIPELINE_MODES
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.lookup import DRAFT_METHODS, LOOKUP_METHODS, SUFFIX_CACHE_MODES
@@ -61,6 +63,11 @@ def _server_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics on this HTTP port at /metrics (0: a free "
                              "one, named in the READY line); see deploy/README.md for the names")
+    parser.add_argument("--cpus", default=None, metavar="LIST",
+                        help="run this process on these CPUs only, pinned before its threads "
+                             "start (Linux): 0, 0,1, 0-3, 0-1,4" + (
+                                 "; torch then uses one thread per CPU unless --threads says "
+                                 "otherwise" if role != "orchestrator" else "") + " (default: any CPU)")
 
 
 def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
@@ -94,7 +101,8 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         default=default_of(BatchLimits, "max_pass_sessions"),
                         help="sessions batched into one forward pass")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads for forward passes (default: torch's choice)")
+                        help="torch CPU threads for forward passes (default: one per CPU of "
+                             "--cpus, else torch's choice)")
     if role == "draft":
         parser.add_argument("--top-m", type=int, default=default_of(DraftConfig, "top_m"),
                             help="entries of each draft distribution sent when sampling (default "
@@ -175,6 +183,14 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-speculative-tokens", type=int,
                         default=default_of(OrchestratorConfig, "max_num_speculative_tokens"),
                         help="adaptive K's maximum (the servers' limit also applies)")
+    parser.add_argument("--pipeline", default=default_of(OrchestratorConfig, "pipeline"),
+                        choices=PIPELINE_MODES,
+                        help="drafting ahead while the target verifies, for requests that do not set "
+                             "it: off; on (every drafted round); auto (where the controller expects it "
+                             "to pay, with adaptive K)")
+    parser.add_argument("--pipeline-fanout", type=int,
+                        default=default_of(OrchestratorConfig, "pipeline_fanout"),
+                        help="the draft's candidates per outcome to draft ahead for (on); the maximum (auto)")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -192,11 +208,15 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def run_model_service(args: argparse.Namespace) -> int:
     if args.metrics_port:  # the service port and the health port are checked before the model loads
         check_port_free(args.host, args.metrics_port)
+    threads = args.threads
+    if args.cpus is not None:  # before any thread of ours starts (tracing's exporter included)
+        cpus = pin_cpus(args.cpus)
+        threads = len(cpus) if threads is None else threads
     start_tracing(f"specdec-{args.role}")
-    if args.threads is not None:
+    if threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     with flag_values():
         model = ModelConfig(args.model, args.role, device=args.device, dtype=args.dtype,
                             max_context=args.max_context)
@@ -222,6 +242,16 @@ def run_model_service(args: argparse.Namespace) -> int:
         with tracing_flushed():
             asyncio.run(serve(model, service, server, args.metrics_port, draft, lookup))
     return 0
+
+
+def pin_cpus(text: str) -> frozenset[int]:
+    """--cpus: this process on those CPUs (specdec/cpu_affinity.py); a bad list is a usage error."""
+    from specdec.cpu_affinity import format_cpu_list, pin_to_cpus
+
+    with flag_values():
+        cpus = pin_to_cpus(text)
+    logging.getLogger(__name__).info("pinned to CPU(s) %s", format_cpu_list(cpus))
+    return cpus
 
 
 def start_tracing(service_name: str) -> None:
@@ -267,6 +297,8 @@ def orchestrator_config(args: argparse.Namespace) -> OrchestratorConfig:
         speculation=args.speculation,
         num_speculative_tokens=args.num_speculative_tokens,
         max_num_speculative_tokens=args.max_num_speculative_tokens,
+        pipeline=args.pipeline,
+        pipeline_fanout=args.pipeline_fanout,
         default_max_new_tokens=args.default_max_new_tokens,
         startup_timeout_seconds=args.startup_timeout,
         pool=PoolConfig(
@@ -304,6 +336,8 @@ def run_orchestrator(args: argparse.Namespace) -> int:
         token = load_tokens(args.auth_token_file)  # one or several (one per line)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot read the auth token: {error}") from error
+    if args.cpus is not None:
+        pin_cpus(args.cpus)
     with flag_values():
         config = server_config(args)
         orchestrator = orchestrator_config(args)

@@ -111,6 +111,8 @@ class StackConfig:
     speculation: str | None = None
     num_speculative_tokens: int | None = None
     max_num_speculative_tokens: int | None = None
+    pipeline: str | None = None
+    pipeline_fanout: int | None = None
     echo: bool = True  # copy the services' output to stderr, each line prefixed with its role
     threads: int | None = None  # torch threads of each model service
     http_port: int | None = None  # the orchestrator's OpenAI-compatible HTTP API; None: none
@@ -140,6 +142,7 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
             *_flags(host=config.host, port=config.port, metrics_port=0, speculation=config.speculation,
                     num_speculative_tokens=config.num_speculative_tokens,
                     max_num_speculative_tokens=config.max_num_speculative_tokens,
+                    pipeline=config.pipeline, pipeline_fanout=config.pipeline_fanout,
                     http_port=config.http_port),
         ], None)], timeout=600.0, echo=config.echo)
         yield {"target": target, "draft": draft, "orchestrator": orchestrator}

@@ -53,7 +53,8 @@ def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
     return StackConfig(
         target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, host=args.host,
         port=args.port, speculation=args.speculation, num_speculative_tokens=args.num_speculative_tokens,
-        max_num_speculative_tokens=args.max_num_speculative_tokens, echo=echo, threads=args.threads,
+        max_num_speculative_tokens=args.max_num_speculative_tokens, pipeline=args.pipeline,
+        pipeline_fanout=args.pipeline_fanout, echo=echo, threads=args.threads,
         # `specdec demo` shares these flags but has no HTTP API (no --http-port of its own)
         http_port=None if getattr(args, "no_http", True) else args.http_port)
 

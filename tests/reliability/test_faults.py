@@ -32,6 +32,8 @@ MAX_QUEUE = 64  # forward passes a service queues; Info's load is the queued sha
 STREAM_SECONDS = 900  # a stream's deadline: only a hang comes near it
 PROMPT = [7, 3, 19, 22, 5, 14, 30, 11]
 FIXED_K3 = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=3)
+FIXED_K3_PIPELINED = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=3,
+                                          pipeline=pb.PIPELINE_MODE_ON)
 
 
 def survived(fault: str) -> None:
@@ -148,26 +150,31 @@ def test_idle_sessions_expire_after_the_ttl(cluster):
 
 
 # A killed replica is restarted before the next test (4-6 s), so only the stall is in the quick set.
-@pytest.mark.parametrize("fault", ["stall", pytest.param("kill", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fault", ["stall", "stall-pipelined", pytest.param("kill", marks=pytest.mark.slow)])
 def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster, reference_target, fault):
+    """Pipelined: the draft is drafting ahead while the stalled Verify waits for its deadline."""
     settled(cluster)
     max_new_tokens = 120
     expected = reference(reference_target, PROMPT, max_new_tokens)
-    stream = Stream(cluster, max_new_tokens).read(8)
+    speculation = FIXED_K3_PIPELINED if fault == "stall-pipelined" else FIXED_K3
+    stream = Stream(cluster, max_new_tokens, speculation).read(8)
     lost, other = holder(cluster)
-    if fault == "stall":
+    stall = fault.startswith("stall")
+    if stall:
         lost.pause()  # it keeps its connections open and answers nothing: only a deadline tells
     else:
         lost.kill()
     try:
         stats = stream.finish()
     finally:
-        if fault == "stall":
+        if stall:
             lost.resume()
     assert stream.token_ids == expected
     assert stats.re_prefills >= 1, stats
+    if fault == "stall-pipelined":
+        assert stats.pipelined_rounds > 0 and stats.pipeline_hits > 0, stats
     assert stats.target_replica == other.replica_id, stats
-    survived(f"target {'stalled (SIGSTOP)' if fault == 'stall' else 'killed (kill -9)'} mid-stream")
+    survived(f"target {'stalled (SIGSTOP)' if stall else 'killed (kill -9)'} mid-stream")
     if fault == "kill":
         lost.start()  # back on the same port
     # The session left behind on the lost replica is released or reclaimed by its TTL.
@@ -178,10 +185,11 @@ def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster
 
 
 @pytest.mark.slow  # ~10 s: kills and restarts the draft
-def test_draft_killed_mid_stream_goes_on_at_k0_and_speculation_resumes_when_it_is_back(cluster):
+@pytest.mark.parametrize("speculation", [FIXED_K3, FIXED_K3_PIPELINED], ids=["plain", "pipelined"])
+def test_draft_killed_mid_stream_goes_on_at_k0_and_speculation_resumes_when_it_is_back(cluster, speculation):
     settled(cluster)
     draft, orchestrator = cluster["draft"], cluster["orchestrator"]
-    stream = Stream(cluster, max_new_tokens=1500).read(10)
+    stream = Stream(cluster, max_new_tokens=1500, speculation=speculation).read(10)
     draft.kill()
     stream.read(20)  # rounds at K = 0, without an error
     # The orchestrator is paused while the draft restarts, so that the stream is still running

@@ -31,6 +31,8 @@ WARMUP_REQUESTS = 60
 CONCURRENT_STREAMS = 24
 STREAM_SECONDS = 600  # a stream's deadline: only a hang comes near it, even with 24 at once
 SPECULATION = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2)
+PIPELINED = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2,
+                                 pipeline=pb.PIPELINE_MODE_ON)
 RSS_TOLERANCE = 0.10
 
 
@@ -54,12 +56,13 @@ def wait_for_no_sessions(cluster) -> list[tuple[int, int]]:
 # -- cancellation -------------------------------------------------------------------------------
 
 
-async def _cancel_one(address: str, channel: grpc.aio.Channel, rng: random.Random) -> str:
+async def _cancel_one(address: str, channel: grpc.aio.Channel, rng: random.Random,
+                      speculation: pb.SpeculationConfig = SPECULATION) -> str:
     """One Generate with a 1,000-token prompt, cancelled at a random point: before any answer
     (in prefill or the first rounds), after a random number of streamed chunks, or by dropping the
     connection. Returns the call's final status as the client saw it."""
     prompt = [rng.randrange(3, 40) for _ in range(PROMPT_TOKENS)]
-    request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=1500, speculation=SPECULATION)
+    request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=1500, speculation=speculation)
     how = rng.choice(("at once", "after chunks", "disconnect"))
     own = grpc.aio.insecure_channel(address) if how == "disconnect" else None
     call = orchestrator_stub(own or channel).Generate(request, timeout=STREAM_SECONDS)
@@ -83,7 +86,8 @@ async def _cancel_one(address: str, channel: grpc.aio.Channel, rng: random.Rando
             await own.close()
 
 
-async def _cancel_many(address: str, count: int, seed: int) -> Counter:
+async def _cancel_many(address: str, count: int, seed: int,
+                       speculation: pb.SpeculationConfig = SPECULATION) -> Counter:
     """Runs requests, CONCURRENT_STREAMS at a time, until `count` of them ended CANCELLED."""
     rng = random.Random(seed)
     outcomes: Counter = Counter()
@@ -91,7 +95,7 @@ async def _cancel_many(address: str, count: int, seed: int) -> Counter:
 
     async def worker(index: int) -> None:
         while outcomes["CANCELLED"] < count:
-            outcomes[await _cancel_one(address, channels[index % len(channels)], rng)] += 1
+            outcomes[await _cancel_one(address, channels[index % len(channels)], rng, speculation)] += 1
 
     try:
         await asyncio.gather(*(worker(i) for i in range(CONCURRENT_STREAMS)))
@@ -111,9 +115,11 @@ def _rss_of(services: list[Service]) -> dict[str, int]:
     return {address: int(statistics.median(values)) for address, values in samples.items()}
 
 
-def test_cancelled_requests_leave_no_session_and_no_cached_token(cluster):
-    """The quick version: a hundred cancellations, counters only."""
-    outcomes = asyncio.run(_cancel_many(cluster["orchestrator"].address, 100, seed=1))
+@pytest.mark.parametrize("speculation", [SPECULATION, PIPELINED], ids=["plain", "pipelined"])
+def test_cancelled_requests_leave_no_session_and_no_cached_token(cluster, speculation):
+    """The quick version: a hundred cancellations, counters only. Pipelined, a cancel also lands
+    while the draft drafts ahead (its branch caches go with the session)."""
+    outcomes = asyncio.run(_cancel_many(cluster["orchestrator"].address, 100, seed=1, speculation=speculation))
     assert set(outcomes) <= {"CANCELLED", "OK"} and outcomes["CANCELLED"] >= 100, outcomes
     wait_for_no_sessions(cluster)
 

@@ -78,3 +78,22 @@ def test_every_round_hits_when_the_draft_is_the_target(stack_same):
             assert stats.pipeline_misses == 0 and stats.pipeline_hits == stats.rounds - 1, stats
             checked += 1
     assert checked > 0
+
+
+def test_auto_pipelining_under_adaptive_k_keeps_greedy_output_exact(stack, reference_target):
+    """Adaptive K with pipeline auto: the controller decides per round whether to draft ahead;
+    whatever it decides, greedy output is the target's own."""
+    import torch
+
+    for prompt in _prompts(3):
+        with torch.no_grad():
+            output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        expected = output[0, len(prompt):].tolist()
+        request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=MAX_NEW_TOKENS,
+                                     speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE,
+                                                                      pipeline=pb.PIPELINE_MODE_AUTO))
+        tokens, _, last = generate(stack.address, request)
+        assert tokens == expected
+        if last.stats.rounds:
+            assert "pipeline_hit_rate" in last.stats.controller_estimates, dict(last.stats.controller_estimates)

@@ -1,0 +1,882 @@
+"""Pipelined speculation: drafting the next round while the target verifies this one (the draft's
+Speculate), against the same speculation without it and against target-only decoding.
+
+The stack is started as a user starts it: `specdec serve target` and `specdec serve draft`, each
+pinned to a CPU of its own with `--cpus` (target on the first CPU this process may use, draft on
+the second; one torch thread each, `--threads`), and per round-trip time (RTT = 2 x the one-way
+delay) one `specdec serve orchestrator` that reaches each service through a TCP delay proxy of its
+own (specdec/delay_proxy.py, in a thread of this process; the 0 ms rows go through proxies too, so
+the proxies' own cost is in every row). The orchestrators and this process are not pinned.
+
+Schedules are chosen per request (SpeculationConfig): target-only (speculation off, the same
+pinned target), adaptive K without pipelining (pipeline OFF), adaptive K with pipelining (AUTO:
+the controller drafts ahead where it pays), and fixed K = 1..4 with pipelining ON (the server's
+default fan-out unless --fanout); greedy and T = 0.7 (seed 1000 + the prompt's index, the same for
+every schedule). Method: for each repetition and each RTT, every (schedule, temperature) cell runs
+on the same prompts in a shuffled order, so a machine that speeds up or slows down touches every
+schedule alike. Tokens/s of a cell = generated tokens / the orchestrator's wall time, summed over
+the prompts; ratios are taken within a repetition (same RTT and temperature) and their median
+over repetitions is reported. Per cell also: τ (committed tokens per round), mean K, the share of
+rounds that drafted ahead, hit rate (pipeline_hits / (hits + misses): a round after a pipelined
+round that found its outcome among the branches), mean fan-out, and for greedy cells whether every
+output equals the target-only output of the same prompt.
+
+Predicted hit rate (greedy, fixed K): once the services are stopped, the target and the draft are
+loaded here (the services' dtype) and the draft is run teacher-forced over each prompt plus its
+target-only greedy output (one forward pass). Greedy rounds of fixed K are then simulated from the
+start of the generated part (the first token comes from the prefill): drafts are accepted while
+the draft's argmax equals the target's token; at the first mismatch j < K the outcome token t (the
+target's) hits at fan-out f if t is among the draft's top f candidates there, its own argmax
+excluded; after K accepted drafts the bonus token hits if it is among the draft's top f there. An
+outcome counts when a drafting round follows it. Reported per K at fan-outs 1-4 and 8 and at the
+fan-outs the orchestrator used, beside the measured hit rate of the fixed-K greedy rows.
+
+    python benchmarks/bench_pipeline.py                   # the default pair: ~45-60 min on 2 cores
+    python benchmarks/bench_pipeline.py --rtts 0,10 --repetitions 3 --prompts 4 --max-new-tokens 48
+    python benchmarks/bench_pipeline.py --quick           # tiny random models built here: ~1 min
+    python benchmarks/bench_pipeline.py --quick --target DIR --draft DIR --dtype float64 --out /tmp/p
+
+Progress goes to stderr (a line per cell); the tables and ratios to stdout; JSON and markdown to
+--out (pipeline-STAMP.json / .md, STAMP a UTC timestamp unless --name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import common  # benchmarks/common.py: a script's own folder is first on sys.path
+
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec_cli.stack import stop_on_signals
+
+OFF = "off"
+SAMPLING_SEED = 1000  # + the prompt's index: the same seed for every schedule and repetition
+PREDICTED_FANOUTS = (1, 2, 3, 4, 8)  # 8: the draft's candidates per position
+MAX_CANDIDATES = 8
+SERVERS_MAX_K = 16  # the services' and the orchestrator's default --max-num-speculative-tokens
+
+FULL = {"rtts": "0,10,30", "ks": "1,2,3,4", "repetitions": 3, "prompts": 6, "max_new_tokens": 64,
+        "temperatures": "0,0.7"}
+QUICK = {"rtts": "0,10", "ks": "1,2,3,4", "repetitions": 1, "prompts": 2, "max_new_tokens": 16,
+         "temperatures": "0,0.7"}
+
+# The default prompts: open-ended and input-grounded, none of them a prompt that bench_rtt,
+# bench_pair, bench_drafts or the demo measure by default (their first ones per kind).
+PIPELINE_PROMPT_NAMES = ("code-word-count", "explain-seasons", "grounded-revise-code",
+                         "chat-learn-guitar", "translate-french-friends", "grounded-revise-email")
+PROMPT_SETS = ("pipeline", "benchmark", "grounded", "demo", "all")
+
+PIPELINE_MODES = {"off": pb.PIPELINE_MODE_OFF, "on": pb.PIPELINE_MODE_ON, "auto": pb.PIPELINE_MODE_AUTO,
+                  "": pb.PIPELINE_MODE_UNSPECIFIED}
+SCHEDULE = re.compile(r"^(off|adaptive|k=(\d+))(?:/(off|on|auto))?$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A request's speculation: off (target-only), adaptive or fixed K, and its pipelining mode
+    ('' leaves it to the server)."""
+
+    name: str
+    mode: str  # off | adaptive | fixed
+    k: int | None  # fixed K
+    pipeline: str  # off | on | auto | ''
+
+    @property
+    def base(self) -> str:
+        return self.name.split("/")[0]
+
+    @property
+    def pipelined(self) -> bool:
+        return self.pipeline in ("on", "auto")
+
+    @property
+    def label(self) -> str:
+        if self.mode == "off":
+            return "target-only"
+        what = "adaptive" if self.mode == "adaptive" else f"K={self.k}"
+        return {"off": what, "on": f"{what} + pipelining", "auto": f"{what} + pipelining (auto)",
+                "": f"{what} (server's pipelining)"}[self.pipeline]
+
+
+def parse_schedule(text: str) -> Schedule:
+    """off, adaptive or k=N, optionally /off, /on or /auto (the request's pipelining)."""
+    match = SCHEDULE.match(text.strip().lower())
+    if match is None:
+        raise ValueError(f"a schedule is off, adaptive or k=N, optionally followed by /off, /on or "
+                         f"/auto, got {text!r}")
+    base, k, pipeline = match.group(1), match.group(2), match.group(3) or ""
+    if base == OFF:
+        if pipeline not in ("", "off"):
+            raise ValueError(f"target-only does not pipeline: {text!r}")
+        return Schedule(OFF, "off", None, "off")
+    if k is not None and int(k) < 1:
+        raise ValueError(f"fixed K must be >= 1, got {text!r}")
+    name = base + (f"/{pipeline}" if pipeline else "")
+    return Schedule(name, "adaptive" if k is None else "fixed", None if k is None else int(k), pipeline)
+
+
+def default_schedules(ks: tuple[int, ...]) -> str:
+    return ",".join([OFF, "adaptive/off", "adaptive/auto", *(f"k={k}/on" for k in ks)])
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    rtts_ms: tuple[float, ...]
+    schedules: tuple[str, ...]
+    repetitions: int
+    prompt_set: str
+    prompts: int
+    prompt_names: tuple[str, ...]  # explicit prompts (overrides prompt_set and prompts)
+    max_new_tokens: int
+    temperatures: tuple[float, ...]
+    target: str
+    draft: str
+    dtype: str
+    device: str
+    threads: int  # torch threads of each model service
+    target_cpus: str  # --cpus of the target service ('' : not pinned)
+    draft_cpus: str
+    orchestrator_cpus: str
+    fanout: int | None  # pipeline_fanout of pipelined requests (None: the server's default)
+    adaptive_max_k: int | None  # the cap of adaptive K in each request (None: the server's, 16)
+    jitter_ms: float
+    seed: int  # of the shuffled order
+    quick: bool
+    tiny_pair: bool  # --quick without models: a tiny random pair built here
+    skip_prediction: bool
+    out: Path
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.rtts_ms or min(self.rtts_ms) < 0:
+            raise ValueError("--rtts: one or more RTTs >= 0 (ms)")
+        if self.repetitions < 1 or self.max_new_tokens < 2 or self.prompts < 1:
+            raise ValueError("--repetitions >= 1, --prompts >= 1 and --max-new-tokens >= 2")
+        if not self.temperatures or min(self.temperatures) < 0:
+            raise ValueError("--temperatures: one or more temperatures >= 0")
+        for name, values in (("--rtts", self.rtts_ms), ("--temperatures", self.temperatures),
+                             ("--schedules", self.schedules)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: values must be distinct, got {values}")
+        parsed = [parse_schedule(s) for s in self.schedules]
+        if OFF not in self.schedules:
+            raise ValueError("--schedules must include off (target-only): every ratio is taken against it")
+        if len({s.name for s in parsed}) != len(parsed):
+            raise ValueError(f"--schedules: the same schedule twice in {self.schedules}")
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"--prompt-set: one of {PROMPT_SETS}, got {self.prompt_set!r}")
+        if self.threads < 1 or any(v is not None and v < 1 for v in (self.adaptive_max_k, self.fanout)):
+            raise ValueError("--threads, --adaptive-max-k and --fanout must be >= 1")
+
+    @property
+    def parsed_schedules(self) -> tuple[Schedule, ...]:
+        return tuple(parse_schedule(s) for s in self.schedules)
+
+    @property
+    def max_k(self) -> int:
+        """The largest K a request may ask for (0: none beyond the servers' default limit)."""
+        return max([self.adaptive_max_k or 0, *(s.k for s in self.parsed_schedules if s.k is not None)])
+
+
+def parse_args(argv: list[str] | None = None) -> BenchConfig:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="a short CI preset: RTT 0,10; 1 repetition; 2 prompts; 16 tokens; without "
+                             "--target/--draft a tiny random-weight pair built here (float64)")
+    parser.add_argument("--rtts", help=f"round-trip times in ms, each hop (default {FULL['rtts']})")
+    parser.add_argument("--ks", help=f"fixed K of the pipelined fixed-K schedules (default {FULL['ks']})")
+    parser.add_argument("--schedules",
+                        help="instead of the default list (off, adaptive/off, adaptive/auto, k=N/on for "
+                             "--ks): off, adaptive or k=N, each optionally /off, /on or /auto")
+    parser.add_argument("--repetitions", type=int, help=f"default {FULL['repetitions']}")
+    parser.add_argument("--prompt-set", default="pipeline", choices=PROMPT_SETS,
+                        help="pipeline: open-ended and input-grounded prompts the other benchmarks do not "
+                             "use by default; benchmark: the 24 open-ended ones, kinds round-robin; "
+                             "grounded; demo; all (default pipeline)")
+    parser.add_argument("--prompts", type=int, help=f"the first N of the set (default {FULL['prompts']})")
+    parser.add_argument("--prompt-names", default="",
+                        help="comma-separated prompt names from specdec/prompt_sets.py (overrides "
+                             "--prompt-set and --prompts)")
+    parser.add_argument("--max-new-tokens", type=int, help=f"default {FULL['max_new_tokens']}")
+    parser.add_argument("--temperatures", help=f"0 is greedy (default {FULL['temperatures']})")
+    parser.add_argument("--target", default=None, help="target model directory or 'default' (default)")
+    parser.add_argument("--draft", default=None, help="draft model directory or 'default' (default)")
+    parser.add_argument("--dtype", default=None,
+                        help="the services' --dtype and the prediction's (default auto; float64 for "
+                             "--quick's own tiny pair)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per model service (default 1)")
+    parser.add_argument("--target-cpus", default=None,
+                        help="--cpus of the target service (default: the first CPU this process may use)")
+    parser.add_argument("--draft-cpus", default=None,
+                        help="--cpus of the draft service (default: the second CPU this process may use)")
+    parser.add_argument("--orchestrator-cpus", default="", help="--cpus of the orchestrators (default: none)")
+    parser.add_argument("--no-pin", action="store_true", help="pin no service to CPUs")
+    parser.add_argument("--fanout", type=int, default=None,
+                        help="pipeline_fanout of the pipelined requests (default: the server's)")
+    parser.add_argument("--adaptive-max-k", type=int, default=None,
+                        help="the cap of adaptive K in each request (default: the server's)")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="proxy jitter per direction")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled schedule order")
+    parser.add_argument("--skip-prediction", action="store_true",
+                        help="no predicted hit rates (they load both models in this process)")
+    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="directory for the results")
+    parser.add_argument("--name", default="", help="file stem after 'pipeline-' (default: a UTC timestamp)")
+    args = parser.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+
+    def pick(name: str):
+        value = getattr(args, name)
+        return preset[name] if value is None else value
+
+    def items(text: str) -> list[str]:
+        return [x.strip() for x in str(text).split(",") if x.strip()]
+
+    tiny = args.quick and args.target is None and args.draft is None
+    if (args.target is None) != (args.draft is None) and args.quick:
+        parser.error("--quick takes both --target and --draft, or neither (a tiny pair built here)")
+    target_cpus, draft_cpus = default_cpus()
+    try:
+        ks = tuple(int(x) for x in items(pick("ks")))
+        return BenchConfig(
+            rtts_ms=tuple(float(x) for x in items(pick("rtts"))),
+            schedules=tuple(parse_schedule(s).name for s in items(args.schedules or default_schedules(ks))),
+            repetitions=int(pick("repetitions")), prompt_set=args.prompt_set, prompts=int(pick("prompts")),
+            prompt_names=tuple(items(args.prompt_names)), max_new_tokens=int(pick("max_new_tokens")),
+            temperatures=tuple(float(x) for x in items(pick("temperatures"))),
+            target=args.target or "default", draft=args.draft or "default",
+            dtype=args.dtype or ("float64" if tiny else "auto"), device=args.device, threads=args.threads,
+            target_cpus="" if args.no_pin else (args.target_cpus if args.target_cpus is not None else target_cpus),
+            draft_cpus="" if args.no_pin else (args.draft_cpus if args.draft_cpus is not None else draft_cpus),
+            orchestrator_cpus="" if args.no_pin else args.orchestrator_cpus,
+            fanout=args.fanout, adaptive_max_k=args.adaptive_max_k, jitter_ms=args.jitter_ms, seed=args.seed,
+            quick=args.quick, tiny_pair=tiny, skip_prediction=args.skip_prediction, out=args.out,
+            name=args.name or common.utc_stamp(),
+        )
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def default_cpus() -> tuple[str, str]:
+    """The first and the second CPU this process may use (both the first on a one-CPU machine)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return "", ""
+    available = sorted(os.sched_getaffinity(0))
+    return str(available[0]), str(available[1] if len(available) > 1 else available[0])
+
+
+def pick_prompts(config: BenchConfig) -> list:
+    sets = common.prompt_sets()
+    if config.prompt_names:
+        by_name = {p.name: p for p in sets.ALL_PROMPTS}
+        unknown = [n for n in config.prompt_names if n not in by_name]
+        if unknown:
+            raise SystemExit(f"--prompt-names: no prompt named {', '.join(unknown)} in specdec/prompt_sets.py")
+        return [by_name[n] for n in config.prompt_names]
+    if config.prompt_set == "pipeline":
+        by_name = {p.name: p for p in sets.ALL_PROMPTS}
+        chosen = [by_name[n] for n in PIPELINE_PROMPT_NAMES]
+    elif config.prompt_set == "benchmark":
+        chosen = common.pick_prompts(len(sets.BENCHMARK_PROMPTS))
+    else:
+        chosen = list({"grounded": sets.GROUNDED_PROMPTS, "demo": sets.DEMO_PROMPTS,
+                       "all": sets.ALL_PROMPTS}[config.prompt_set])
+    if config.prompts > len(chosen):
+        raise SystemExit(f"--prompts: the {config.prompt_set} set has {len(chosen)} prompts, "
+                         f"asked for {config.prompts}")
+    return chosen[:config.prompts]
+
+
+def speculation(schedule: Schedule, config: BenchConfig) -> pb.SpeculationConfig:
+    spec = pb.SpeculationConfig(pipeline=PIPELINE_MODES[schedule.pipeline])
+    if schedule.mode == "off":
+        spec.mode = pb.SPECULATION_MODE_OFF
+    elif schedule.mode == "adaptive":
+        spec.mode = pb.SPECULATION_MODE_ADAPTIVE
+        if config.adaptive_max_k is not None:
+            spec.num_speculative_tokens = config.adaptive_max_k
+    else:
+        spec.mode = pb.SPECULATION_MODE_FIXED
+        spec.num_speculative_tokens = schedule.k
+    if schedule.pipelined and config.fanout is not None:
+        spec.pipeline_fanout = config.fanout
+    return spec
+
+
+def temperature_label(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"T={temperature:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny pair for --quick
+
+
+def build_tiny_pair(directory: Path) -> tuple[str, str]:
+    """A random-weight Llama target with a byte-level tokenizer and a chat template (as
+    specdec/distill/tiny.py), its head sharpened so greedy choices are not near ties, and a draft
+    that is a perturbed copy of it (accepted often, not always)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.distill.tiny import make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    draft = LlamaForCausalLM(config).eval()
+    draft.load_state_dict(target.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.3 * parameter.std())
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        path = directory / name
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def start_stack(stack: ExitStack, config: BenchConfig) -> tuple[dict[float, str], dict]:
+    """Pinned model services, then per RTT two proxies and an orchestrator; returns RTT -> the
+    orchestrator's address, and what each service process runs on."""
+    common.prepare_default_models(config)
+    env = common.service_env()
+    models = []
+    for role, model, cpus in (("target", config.target, config.target_cpus),
+                              ("draft", config.draft, config.draft_cpus)):
+        args = ["--model", model, "--dtype", config.dtype, "--device", config.device, "--port", "0",
+                "--threads", str(config.threads)]
+        if config.max_k > SERVERS_MAX_K:
+            args += ["--max-num-speculative-tokens", str(config.max_k)]
+        if cpus:
+            args += ["--cpus", cpus]
+        models.append((role, args, env))
+    common.note(f"starting the target (CPUs {config.target_cpus or 'any'}) and the draft (CPUs "
+                f"{config.draft_cpus or 'any'}), {config.threads} torch thread(s) each...")
+    target, draft = common.start_services(stack, models)
+    upstreams = [tuple(common.delayed_address(stack, service.address, rtt_ms / 2.0, config.jitter_ms)
+                       for service in (target, draft)) for rtt_ms in config.rtts_ms]
+    common.note(f"starting {len(upstreams)} orchestrator(s), one per RTT, each through its own proxies...")
+    extra = ["--max-num-speculative-tokens", str(config.max_k)] if config.max_k > SERVERS_MAX_K else []
+    if config.orchestrator_cpus:
+        extra += ["--cpus", config.orchestrator_cpus]
+    orchestrators = common.start_orchestrators(stack, upstreams, extra)
+    addresses = {rtt_ms: o.address for rtt_ms, o in zip(config.rtts_ms, orchestrators)}
+    for rtt_ms, (via_target, via_draft) in zip(config.rtts_ms, upstreams):
+        common.note(f"  RTT {rtt_ms:g} ms: orchestrator {addresses[rtt_ms]} (target via {via_target}, "
+                    f"draft via {via_draft})")
+    processes = {"target": target, "draft": draft,
+                 **{f"orchestrator (RTT {r:g} ms)": o for r, o in zip(config.rtts_ms, orchestrators)}}
+    return addresses, {name: placement(service.process.pid) for name, service in processes.items()}
+
+
+def placement(pid: int) -> dict:
+    """The CPUs a process and each of its threads may run on, read from outside it."""
+    from specdec.cpu_affinity import format_cpu_list
+
+    if not hasattr(os, "sched_getaffinity"):
+        return {"pid": pid}
+    threads = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            threads[tid] = format_cpu_list(os.sched_getaffinity(int(tid)))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return {"pid": pid, "cpus": format_cpu_list(os.sched_getaffinity(pid)),
+            "threads": len(threads), "thread_cpus": sorted(set(threads.values()))}
+
+
+def warm_up_and_reference(clients: dict, config: BenchConfig, prompts: list) -> list[common.GenerateResult]:
+    """One short untimed request per schedule and orchestrator (connections, first passes, the
+    controllers' first rounds), then the target-only greedy output of each prompt through the
+    lowest-RTT orchestrator, which every greedy run must reproduce."""
+    for client in clients.values():
+        for schedule in config.parsed_schedules:
+            client.generate(common.chat_request(prompts[0].messages, 6, speculation(schedule, config)))
+    reference_client = clients[min(clients)]
+    off = speculation(parse_schedule(OFF), config)
+    return [reference_client.generate(common.chat_request(p.messages, config.max_new_tokens, off))
+            for p in prompts]
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_record(result: common.GenerateResult, **fields) -> dict:
+    stats = result.stats
+    return {
+        **fields,
+        "generated_tokens": stats.generated_tokens,
+        "prompt_tokens": stats.prompt_tokens,
+        "seconds": stats.wall_seconds,
+        "client_seconds": result.client_seconds,
+        "time_to_first_token_seconds": stats.time_to_first_token_seconds,
+        "rounds": stats.rounds,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "k_per_round": list(stats.num_speculative_tokens_per_round),
+        "accepted_per_round": list(stats.num_accepted_per_round),
+        "pipelined_rounds": stats.pipelined_rounds,
+        "pipeline_hits": stats.pipeline_hits,
+        "pipeline_misses": stats.pipeline_misses,
+        "branches_drafted": stats.branches_drafted,
+        "fanout_per_round": list(stats.fanout_per_round),
+        "draft_seconds": stats.draft_seconds,
+        "verify_seconds": stats.verify_seconds,
+        "network_seconds": stats.network_seconds,
+        "re_prefills": stats.re_prefills,
+        "finish_reason": pb.FinishReason.Name(result.finish_reason),
+        "output_digest": result.output_digest,
+    }
+
+
+class Eta:
+    def __init__(self, cells: int) -> None:
+        self.left = cells
+        self.seconds: list[float] = []
+
+    def done(self, seconds: float) -> str:
+        self.left -= 1
+        self.seconds.append(seconds)
+        remaining = self.left * statistics.mean(self.seconds)
+        return f"~{remaining / 60:.0f} min left" if self.left else "last cell"
+
+
+def sweep(clients: dict, config: BenchConfig, prompts: list, references: list[tuple[int, ...]],
+          journal: Path) -> list[dict]:
+    """Every cell of every repetition; each run's record is also appended to `journal` at once."""
+    rng = random.Random(config.seed)
+    cells = [(s, t) for s in config.parsed_schedules for t in config.temperatures]
+    total = config.repetitions * len(config.rtts_ms) * len(cells)
+    progress, eta = common.Progress(total), Eta(total)
+    runs = []
+    for repetition in range(1, config.repetitions + 1):
+        for rtt_ms in config.rtts_ms:
+            order = list(cells)
+            rng.shuffle(order)
+            for schedule, temperature in order:
+                started = time.monotonic()
+                cell_runs = []
+                for index, prompt in enumerate(prompts):
+                    seed = SAMPLING_SEED + index if temperature > 0 else None
+                    request = common.chat_request(prompt.messages, config.max_new_tokens,
+                                                  speculation(schedule, config), temperature, seed)
+                    result = clients[rtt_ms].generate(request)
+                    record = run_record(result, repetition=repetition, rtt_ms=rtt_ms, schedule=schedule.name,
+                                        temperature=temperature, prompt=prompt.name)
+                    if temperature == 0:
+                        mismatch = first_difference(result.token_ids, references[index])
+                        record["matches_target_only"] = mismatch is None
+                        record["first_mismatch_index"] = mismatch
+                    cell_runs.append(record)
+                    common.append_json_line(journal, record)
+                runs.extend(cell_runs)
+                figures = pooled(cell_runs)
+                hit = "" if figures["hit_rate"] is None else f", hit rate {figures['hit_rate']:.2f}"
+                progress.step(f"rep {repetition} RTT {rtt_ms:>4g} ms {temperature_label(temperature):>6} "
+                              f"{schedule.name:<13}: {figures['tokens_per_second']:6.1f} tok/s, τ "
+                              f"{figures['tau']:.2f}, mean K {figures['mean_k']:.1f}{hit} "
+                              f"({eta.done(time.monotonic() - started)})")
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def pooled(runs: list[dict]) -> dict:
+    """A group of runs' figures, pooled over runs and rounds (not a mean of per-run means)."""
+    tokens = sum(r["generated_tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    rounds = sum(len(r["k_per_round"]) for r in runs)
+    ks = [k for r in runs for k in r["k_per_round"]]
+    accepted = sum(sum(r["accepted_per_round"]) for r in runs)
+    hits = sum(r["pipeline_hits"] for r in runs)
+    misses = sum(r["pipeline_misses"] for r in runs)
+    fanouts = [f for r in runs for f in r["fanout_per_round"]]
+    pipelined = sum(r["pipelined_rounds"] for r in runs)
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "rounds": rounds,
+        "tau": (accepted + rounds) / rounds if rounds else 0.0,  # committed tokens per round
+        "mean_k": sum(ks) / len(ks) if ks else 0.0,
+        "pipelined_rounds": pipelined,
+        "pipelined_share": pipelined / rounds if rounds else 0.0,
+        "pipeline_hits": hits,
+        "pipeline_misses": misses,
+        "hit_rate": ratio(hits, hits + misses),
+        "mean_fanout": sum(fanouts) / len(fanouts) if fanouts else None,
+        "fanouts": dict(sorted(Counter(fanouts).items())),
+        "branches_drafted": sum(r["branches_drafted"] for r in runs),
+        "branches_per_pipelined_round": ratio(sum(r["branches_drafted"] for r in runs), pipelined),
+    }
+
+
+def summarize(runs: list[dict], config: BenchConfig) -> dict:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for run in runs:
+        groups[(run["rtt_ms"], run["schedule"], run["temperature"], run["repetition"])].append(run)
+    rate = {key: pooled(group)["tokens_per_second"] for key, group in groups.items()}
+    repetitions = range(1, config.repetitions + 1)
+    cells = []
+    for rtt in config.rtts_ms:
+        for temperature in config.temperatures:
+            for schedule in config.parsed_schedules:
+                key = (rtt, schedule.name, temperature)
+                all_runs = [r for rep in repetitions for r in groups[(*key, rep)]]
+                per_rep = [rate[(*key, rep)] for rep in repetitions]
+                over_off = [ratio(rate[(*key, rep)], rate[(rtt, OFF, temperature, rep)]) for rep in repetitions]
+                cell = {"rtt_ms": rtt, "schedule": schedule.name, "label": schedule.label,
+                        "temperature": temperature,
+                        "tokens_per_second": {**common.spread(per_rep), "per_repetition": per_rep},
+                        "over_target_only": {**common.spread(over_off), "per_repetition": over_off},
+                        **{k: v for k, v in pooled(all_runs).items() if k not in ("tokens_per_second",)}}
+                if temperature == 0:
+                    cell["greedy_runs"] = len(all_runs)
+                    cell["greedy_matches"] = sum(r["matches_target_only"] for r in all_runs)
+                cells.append(cell)
+    return {"cells": cells, "comparisons": comparisons(rate, config), "exactness": exactness(runs)}
+
+
+def comparisons(rate: dict, config: BenchConfig) -> list[dict]:
+    """Per RTT and temperature, ratios within each repetition (median and range over them): each
+    schedule over target-only, and each pipelined schedule over the same schedule without
+    pipelining where the run has it."""
+    names = {s.name for s in config.parsed_schedules}
+    pairs = [(s.name, OFF, f"{s.label} / target-only") for s in config.parsed_schedules if s.name != OFF]
+    for s in config.parsed_schedules:
+        if s.pipelined and f"{s.base}/off" in names:
+            unpipelined = parse_schedule(f"{s.base}/off")
+            pairs.append((s.name, unpipelined.name, f"{s.label} / {unpipelined.label}"))
+    result = []
+    for temperature in config.temperatures:
+        for numerator, denominator, label in pairs:
+            row = {"temperature": temperature, "numerator": numerator, "denominator": denominator,
+                   "label": label, "by_rtt": {}}
+            for rtt in config.rtts_ms:
+                values = [rate[(rtt, numerator, temperature, rep)] / rate[(rtt, denominator, temperature, rep)]
+                          for rep in range(1, config.repetitions + 1)]
+                row["by_rtt"][str(rtt)] = {**common.spread(values), "per_repetition": values}
+            result.append(row)
+    return result
+
+
+def exactness(runs: list[dict]) -> dict:
+    """Greedy: every output equals target-only. Sampled fixed K: one output per (schedule,
+    prompt) over RTTs and repetitions (a seed reproduces a fixed-K schedule, pipelined or not)."""
+    greedy = [run for run in runs if run["temperature"] == 0]
+    mismatches = [{k: run[k] for k in ("repetition", "rtt_ms", "schedule", "prompt", "first_mismatch_index")}
+                  for run in greedy if not run["matches_target_only"]]
+    sampled: dict[tuple, set[str]] = defaultdict(set)
+    for run in runs:
+        if run["temperature"] > 0 and parse_schedule(run["schedule"]).mode == "fixed":
+            sampled[(run["schedule"], run["temperature"], run["prompt"])].add(run["output_digest"])
+    unreproduced = [{"schedule": s, "temperature": t, "prompt": p, "distinct_outputs": len(d)}
+                    for (s, t, p), d in sampled.items() if len(d) > 1]
+    return {
+        "greedy_runs": len(greedy),
+        "greedy_mismatches": mismatches,
+        "all_greedy_outputs_match_target_only": not mismatches,
+        "sampled_fixed_k_groups": len(sampled),
+        "sampled_fixed_k_not_reproduced": unreproduced,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Predicted hit rates
+
+
+def simulate_fixed_k(output: list[int], argmax: list[int], candidates: list[list[int]], k: int,
+                     max_new_tokens: int) -> dict:
+    """Greedy rounds of fixed K over one target-only output, from its second token (the first is
+    the prefill's). argmax[i] and candidates[i] (best first) are the draft's, teacher-forced, at
+    the position that predicts output[i]. Returns the rounds, committed tokens, and for each
+    outcome followed by a drafting round the 1-based rank of the outcome token among the
+    candidates a branch would cover (None: beyond them)."""
+    n = len(output)
+    position, rounds, committed = 1, 0, 0
+    ranks: list[int | None] = []
+
+    def k_at(i: int) -> int:  # the orchestrator's cap: the tokens still to generate minus one
+        return max(0, min(k, max_new_tokens - i - 1))
+
+    while position < n:
+        round_k = k_at(position)
+        accepted = 0
+        while (accepted < round_k and position + accepted < n
+               and argmax[position + accepted] == output[position + accepted]):
+            accepted += 1
+        rounds += 1
+        committed += accepted + 1
+        outcome = position + accepted
+        if outcome >= n:  # the output ended among the accepted drafts (an accepted EOS)
+            break
+        following = outcome + 1
+        if round_k > 0 and following < n and k_at(following) > 0:
+            pool = candidates[outcome]
+            if accepted < round_k:  # a correction: the draft's own token was rejected there
+                pool = [c for c in pool if c != argmax[outcome]]
+            pool = pool[:MAX_CANDIDATES]
+            ranks.append(pool.index(output[outcome]) + 1 if output[outcome] in pool else None)
+        position = following
+    return {"rounds": rounds, "committed": committed, "ranks": ranks}
+
+
+def hit_rate_at(ranks: list[int | None], fanout: int) -> float | None:
+    return ratio(sum(1 for r in ranks if r is not None and r <= fanout), len(ranks))
+
+
+def predict(config: BenchConfig, prompts: list, references: list[common.GenerateResult],
+            cells: list[dict]) -> dict:
+    """Predicted hit rates of the greedy fixed-K schedules, from the draft's teacher-forced
+    candidates over each prompt's target-only output (see the module's docstring)."""
+    import torch
+
+    from specdec.models import ModelConfig, load_model
+
+    ks = sorted({s.k for s in config.parsed_schedules if s.mode == "fixed" and s.pipelined})
+    if not ks or 0 not in config.temperatures:
+        return {"skipped": "no pipelined fixed-K greedy schedule in this run"}
+    common.note("loading the target and the draft here for the predicted hit rates...")
+    target = load_model(ModelConfig(config.target, "target", device=config.device, dtype=config.dtype))
+    draft = load_model(ModelConfig(config.draft, "draft", device=config.device, dtype=config.dtype))
+    tokenizer = target.tokenizer
+    per_prompt = []
+    target_agreement = [0, 0]
+    for prompt, reference in zip(prompts, references):
+        encoded = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=True)
+        prompt_ids = [int(t) for t in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]
+        output = list(reference.token_ids)
+        if len(prompt_ids) != reference.stats.prompt_tokens:
+            per_prompt.append({"prompt": prompt.name, "skipped": f"the prompt renders to {len(prompt_ids)} "
+                               f"tokens here, {reference.stats.prompt_tokens} in the orchestrator"})
+            continue
+        sequence = torch.tensor([prompt_ids + output[:-1]], device=config.device)
+        start = len(prompt_ids) - 1
+        with torch.inference_mode():
+            draft_logits = draft.model(input_ids=sequence, use_cache=False).logits[0, start:].float()
+            target_logits = target.model(input_ids=sequence, use_cache=False).logits[0, start:].float()
+        top = torch.topk(draft_logits, MAX_CANDIDATES + 1, dim=-1).indices.tolist()
+        argmax = [row[0] for row in top]
+        target_argmax = target_logits.argmax(-1).tolist()
+        target_agreement[0] += sum(a == b for a, b in zip(target_argmax, output))
+        target_agreement[1] += len(output)
+        per_prompt.append({"prompt": prompt.name, "output_tokens": len(output),
+                           "draft_agreement": sum(a == b for a, b in zip(argmax, output)) / len(output),
+                           "by_k": {str(k): simulate_fixed_k(output, argmax, top, k, config.max_new_tokens)
+                                    for k in ks}})
+    measured = {(c["schedule"], c["rtt_ms"]): c for c in cells if c["temperature"] == 0}
+    by_k = {}
+    for k in ks:
+        simulated = [p["by_k"][str(k)] for p in per_prompt if "by_k" in p]
+        ranks = [r for s in simulated for r in s["ranks"]]
+        rounds = sum(s["rounds"] for s in simulated)
+        schedule = f"k={k}/on"
+        fanouts: Counter = Counter()
+        hits = misses = 0
+        taus = []
+        for rtt in config.rtts_ms:
+            cell = measured.get((schedule, rtt))
+            if cell is None:
+                continue
+            fanouts.update({int(f): n for f, n in cell["fanouts"].items()})
+            hits += cell["pipeline_hits"]
+            misses += cell["pipeline_misses"]
+            taus.append(cell["tau"])
+        used = sum(fanouts.values())
+        predicted_used = (sum(n * hit_rate_at(ranks, f) for f, n in fanouts.items()) / used
+                          if used and ranks else None)
+        by_k[str(k)] = {
+            "outcomes": len(ranks),
+            "predicted_hit_rate": {str(f): hit_rate_at(ranks, f) for f in PREDICTED_FANOUTS},
+            "rank_counts": {str(r): n for r, n in sorted(Counter(r for r in ranks if r is not None).items())},
+            "predicted_tau": ratio(sum(s["committed"] for s in simulated), rounds),
+            "measured_fanouts": {str(f): n for f, n in sorted(fanouts.items())},
+            "predicted_hit_rate_at_measured_fanout": predicted_used,
+            "measured_hit_rate": ratio(hits, hits + misses),
+            "measured_outcomes": hits + misses,
+            "measured_tau": statistics.mean(taus) if taus else None,
+        }
+    return {"ks": ks, "by_k": by_k, "per_prompt": per_prompt,
+            "local_target_agreement_with_reference": ratio(*target_agreement),
+            "fanouts": list(PREDICTED_FANOUTS)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def render_cells(summary: dict, config: BenchConfig, markdown: bool) -> str:
+    headers = ["", "schedule", "RTT", "tok/s", "× target-only", "τ", "mean K", "drafted ahead",
+               "hit rate", "mean fan-out", "greedy = target-only"]
+    rows = []
+    for temperature in config.temperatures:
+        label = temperature_label(temperature)
+        for schedule in config.parsed_schedules:
+            for rtt in config.rtts_ms:
+                c = next(c for c in summary["cells"] if (c["rtt_ms"], c["schedule"], c["temperature"])
+                         == (rtt, schedule.name, temperature))
+                exact = f"{c['greedy_matches']}/{c['greedy_runs']}" if temperature == 0 else ""
+                rows.append([label, schedule.label, f"{rtt:g} ms", common.format_spread(c["tokens_per_second"]),
+                             "" if schedule.name == OFF else common.format_spread(c["over_target_only"], 2),
+                             num(c["tau"]), num(c["mean_k"], 1),
+                             f"{c['pipelined_share']:.0%}" if schedule.pipelined else "",
+                             num(c["hit_rate"]) if schedule.pipelined else "",
+                             num(c["mean_fanout"], 1) if schedule.pipelined else "", exact])
+                label = ""
+    return common.format_table(headers, rows, markdown=markdown, left_columns=3)
+
+
+def render_ratios(summary: dict, config: BenchConfig, markdown: bool) -> str:
+    headers = ["", "ratio (median over repetitions)", *(f"{rtt:g} ms" for rtt in config.rtts_ms)]
+    rows = []
+    for temperature in config.temperatures:
+        label = temperature_label(temperature)
+        for row in (r for r in summary["comparisons"] if r["temperature"] == temperature):
+            rows.append([label, row["label"],
+                         *(common.format_spread(row["by_rtt"][str(rtt)], 2) for rtt in config.rtts_ms)])
+            label = ""
+    return common.format_table(headers, rows, markdown=markdown, left_columns=2)
+
+
+def render_prediction(prediction: dict, markdown: bool) -> str:
+    headers = ["K", "outcomes (predicted)", *(f"predicted f={f}" for f in prediction["fanouts"]),
+               "fan-out used", "predicted at it", "measured", "measured outcomes", "τ predicted", "τ measured"]
+    rows = []
+    for k in prediction["ks"]:
+        p = prediction["by_k"][str(k)]
+        used = ", ".join(f"{f}×{n}" for f, n in p["measured_fanouts"].items()) or "none"
+        rows.append([f"K={k}", str(p["outcomes"]),
+                     *(num(p["predicted_hit_rate"][str(f)]) for f in prediction["fanouts"]), used,
+                     num(p["predicted_hit_rate_at_measured_fanout"]), num(p["measured_hit_rate"]),
+                     str(p["measured_outcomes"]), num(p["predicted_tau"]), num(p["measured_tau"])])
+    return common.format_table(headers, rows, markdown=markdown, left_columns=1)
+
+
+def describe(summary: dict, config: BenchConfig, prompts: list, placements: dict) -> list[str]:
+    pins = "; ".join(f"{name} on CPUs {p.get('cpus', '?')}" for name, p in placements.items()
+                     if name in ("target", "draft"))
+    lines = [
+        (f"Tokens/s, median (min–max) over {config.repetitions} repetition(s); target {config.target}, draft "
+         f"{config.draft}, dtype {config.dtype}; {len(prompts)} prompt(s) ({', '.join(p.name for p in prompts)}) "
+         f"x <= {config.max_new_tokens} new tokens per cell; RTT = 2 x one-way proxy delay on each hop."),
+        (f"Pinned: {pins or 'no'}; {config.threads} torch thread(s) per model service; pipelined requests' "
+         f"fan-out: {config.fanout or 'the server default'}."),
+        ("τ: committed tokens per round; drafted ahead: share of rounds that drafted ahead; hit rate: "
+         "pipeline_hits / (hits + misses); ratios within each repetition."),
+    ]
+    exact = summary["exactness"]
+    matched = exact["greedy_runs"] - len(exact["greedy_mismatches"])
+    lines.append(f"Greedy outputs identical to target-only: {matched} of {exact['greedy_runs']} runs. Sampled "
+                 f"fixed-K outputs reproduced by their seed: "
+                 f"{exact['sampled_fixed_k_groups'] - len(exact['sampled_fixed_k_not_reproduced'])} of "
+                 f"{exact['sampled_fixed_k_groups']} (schedule, prompt) groups.")
+    pipelined_cells = [c for c in summary["cells"] if parse_schedule(c["schedule"]).pipelined]
+    if pipelined_cells and not any(c["pipelined_rounds"] for c in pipelined_cells):
+        lines.append("WARNING: no round drafted ahead in any pipelined cell: this orchestrator does not "
+                     "honour SpeculationConfig.pipeline (or never found it worth it).")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    stop_on_signals()
+    prompts = pick_prompts(config)
+    environment = common.environment()
+    with ExitStack() as stack:
+        if config.tiny_pair:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-pipeline-")))
+            target, draft = build_tiny_pair(directory)
+            config = replace(config, target=target, draft=draft)
+            common.note(f"--quick: a tiny random-weight pair in {directory}")
+        with ExitStack() as services:
+            addresses, placements = start_stack(services, config)
+            clients = {rtt: services.enter_context(common.OrchestratorClient(a)) for rtt, a in addresses.items()}
+            common.note("warm-up and target-only references...")
+            references = warm_up_and_reference(clients, config, prompts)
+            journal = config.out / f"pipeline-{config.name}.runs.jsonl"  # removed once the results are written
+            journal.unlink(missing_ok=True)
+            common.note(f"sweep; each run is also logged to {journal}")
+            runs = sweep(clients, config, prompts, [r.token_ids for r in references], journal)
+        summary = summarize(runs, config)
+        prediction = ({"skipped": "--skip-prediction"} if config.skip_prediction
+                      else predict(config, prompts, references, summary["cells"]))
+    text_parts = ["", *describe(summary, config, prompts, placements), "",
+                  render_cells(summary, config, markdown=False), "", render_ratios(summary, config, markdown=False)]
+    md_parts = [f"# Pipelining benchmark ({environment['utc']})",
+                "\n".join(describe(summary, config, prompts, placements)),
+                render_cells(summary, config, markdown=True), "Ratios:", render_ratios(summary, config, markdown=True)]
+    if "by_k" in prediction:
+        caption = ("Greedy fixed K with pipelining: hit rate predicted from the draft's teacher-forced candidates "
+                   "over the target-only outputs (f: fan-out) against the measured one (all RTTs and "
+                   "repetitions); local target reproduces the reference greedy tokens at "
+                   f"{num(prediction['local_target_agreement_with_reference'], 3)} of positions.")
+        text_parts += ["", caption, "", render_prediction(prediction, markdown=False)]
+        md_parts += [caption, render_prediction(prediction, markdown=True)]
+    data = {
+        "benchmark": "pipeline",
+        "config": {**asdict(config), "out": str(config.out),
+                   "schedule_labels": {s.name: s.label for s in config.parsed_schedules},
+                   "sampling_seed": f"{SAMPLING_SEED} + prompt index"},
+        "environment": environment,
+        "placements": placements,
+        "prompts": [p.name for p in prompts],
+        "target_only_reference_digests": [r.output_digest for r in references],
+        **summary,
+        "prediction": prediction,
+        "runs": runs,
+        "table_markdown": render_cells(summary, config, markdown=True),
+    }
+    json_path, md_path = common.write_results(config.out, f"pipeline-{config.name}", data, "\n\n".join(md_parts))
+    journal.unlink(missing_ok=True)
+    print("\n".join(text_parts))
+    print(f"\nwrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
