@@ -117,15 +117,27 @@ class BenchConfig:
                 raise ValueError(f"--hf-dtypes: each one of {sorted(DTYPES)}, got {dtype!r}")
 
 
+PIPELINES = {"off": pb.PIPELINE_MODE_OFF, "on": pb.PIPELINE_MODE_ON, "auto": pb.PIPELINE_MODE_AUTO}
+
+
 def speculation(schedule: str) -> pb.SpeculationConfig:
-    """off, adaptive, or k=N (fixed K = N)."""
-    if schedule == OFF:
+    """off, adaptive, or k=N (fixed K = N); adaptive and k=N optionally /off, /on or /auto
+    (pipelining; unset: the server's default)."""
+    base, _, pipeline = schedule.partition("/")
+    if pipeline and (base == OFF or pipeline not in PIPELINES):
+        raise ValueError(f"a pipelined schedule is adaptive/MODE or k=N/MODE, MODE one of "
+                         f"{sorted(PIPELINES)}, got {schedule!r}")
+    if base == OFF:
         return pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF)
-    if schedule == ADAPTIVE:
-        return pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE)
-    if schedule.startswith("k=") and schedule[2:].isdigit() and int(schedule[2:]) >= 1:
-        return pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=int(schedule[2:]))
-    raise ValueError(f"a schedule is off, adaptive or k=N (N >= 1), got {schedule!r}")
+    if base == ADAPTIVE:
+        config = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE)
+    elif base.startswith("k=") and base[2:].isdigit() and int(base[2:]) >= 1:
+        config = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=int(base[2:]))
+    else:
+        raise ValueError(f"a schedule is off, adaptive or k=N (N >= 1), got {schedule!r}")
+    if pipeline:
+        config.pipeline = PIPELINES[pipeline]
+    return config
 
 
 def parse_args(argv: list[str] | None = None) -> BenchConfig:
@@ -134,7 +146,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke preset: streams 1,2; 3 s cells; 16 tokens; HF float32, short")
     parser.add_argument("--streams", help=f"concurrent stream counts (default {FULL['streams']})")
-    parser.add_argument("--schedules", help=f"off, adaptive, k=N (default {FULL['schedules']})")
+    parser.add_argument("--schedules", help=f"off, adaptive, k=N, the last two optionally /off, /on or /auto "
+                                            f"(pipelining) (default {FULL['schedules']})")
     parser.add_argument("--seconds-per-cell", type=float,
                         help=f"length of each cell's window (default {FULL['seconds_per_cell']:g})")
     parser.add_argument("--max-new-tokens", type=int, help=f"per request (default {FULL['max_new_tokens']})")
@@ -159,16 +172,13 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         value = getattr(args, name)
         return preset[name] if value is None else value
 
-    def items(text: str) -> list[str]:
-        return [x.strip() for x in str(text).split(",") if x.strip()]
-
     try:
         return BenchConfig(
-            streams=tuple(sorted(int(x) for x in items(pick("streams")))),
-            schedules=tuple(x.lower() for x in items(pick("schedules"))),
+            streams=tuple(sorted(int(x) for x in common.comma_items(pick("streams")))),
+            schedules=tuple(x.lower() for x in common.comma_items(pick("schedules"))),
             seconds_per_cell=float(pick("seconds_per_cell")), max_new_tokens=int(pick("max_new_tokens")),
             drain_seconds=float(pick("drain_seconds")), target=args.target, draft=args.draft,
-            dtype=args.dtype, device=args.device, hf_dtypes=tuple(items(pick("hf_dtypes"))),
+            dtype=args.dtype, device=args.device, hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
             hf_seconds=float(pick("hf_seconds")), skip_hf=args.skip_hf, seed=args.seed, quick=args.quick,
             out=args.out, name=args.name or common.utc_stamp(),
         )

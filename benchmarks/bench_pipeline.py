@@ -46,6 +46,7 @@ import argparse
 import os
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import common  # benchmarks/common.py: a script's own folder is first on sys.path
+import emulated_pair
 
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec_cli.stack import stop_on_signals
@@ -64,6 +66,11 @@ OFF = "off"
 SAMPLING_SEED = 1000  # + the prompt's index: the same seed for every schedule and repetition
 PREDICTED_FANOUTS = (1, 2, 3, 4, 8)  # 8: the draft's candidates per position
 MAX_CANDIDATES = 8
+# --emulated-pair: pass times (fixed seconds, seconds per row) of the default pair pinned to one
+# core with one torch thread each, from this benchmark's own runs on it; and the draft's noise.
+TARGET_PASS_SECONDS = (0.050, 0.006)
+DRAFT_PASS_SECONDS = (0.0065, 0.0005)
+DEFAULT_PERTURBATION = 0.15
 SERVERS_MAX_K = 16  # the services' and the orchestrator's default --max-num-speculative-tokens
 
 FULL = {"rtts": "0,10,30", "ks": "1,2,3,4", "repetitions": 3, "prompts": 6, "max_new_tokens": 64,
@@ -158,6 +165,11 @@ class BenchConfig:
     seed: int  # of the shuffled order
     quick: bool
     tiny_pair: bool  # --quick without models: a tiny random pair built here
+    # --emulated-pair: a tiny pair that agrees often (draft = target + this much noise), its passes
+    # stretched to the given (fixed, per row) seconds (benchmarks/emulated_pair.py); 0: not used
+    emulated_perturbation: float
+    target_pass_seconds: tuple[float, float]
+    draft_pass_seconds: tuple[float, float]
     skip_prediction: bool
     out: Path
     name: str
@@ -234,6 +246,17 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
                         help="the cap of adaptive K in each request (default: the server's)")
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="proxy jitter per direction")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled schedule order")
+    parser.add_argument("--emulated-pair", action="store_true",
+                        help="a tiny pair whose draft agrees with its target often, each pass stretched "
+                             "to the pass times below (benchmarks/emulated_pair.py)")
+    parser.add_argument("--perturbation", type=float, default=DEFAULT_PERTURBATION,
+                        help="--emulated-pair: noise added to the draft, times each parameter's spread "
+                             f"(default {DEFAULT_PERTURBATION}: the smaller, the more often they agree)")
+    parser.add_argument("--target-pass-ms", default=",".join(f"{x * 1e3:g}" for x in TARGET_PASS_SECONDS),
+                        help="--emulated-pair: a target pass's fixed and per-row milliseconds "
+                             "(default: the default target's, pinned to one core)")
+    parser.add_argument("--draft-pass-ms", default=",".join(f"{x * 1e3:g}" for x in DRAFT_PASS_SECONDS),
+                        help="--emulated-pair: the same for the draft (default: the default draft's)")
     parser.add_argument("--skip-prediction", action="store_true",
                         help="no predicted hit rates (they load both models in this process)")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="directory for the results")
@@ -245,28 +268,35 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         value = getattr(args, name)
         return preset[name] if value is None else value
 
-    def items(text: str) -> list[str]:
-        return [x.strip() for x in str(text).split(",") if x.strip()]
-
-    tiny = args.quick and args.target is None and args.draft is None
+    tiny = args.quick and args.target is None and args.draft is None and not args.emulated_pair
     if (args.target is None) != (args.draft is None) and args.quick:
         parser.error("--quick takes both --target and --draft, or neither (a tiny pair built here)")
+    if args.emulated_pair and (args.target is not None or args.draft is not None):
+        parser.error("--emulated-pair builds its own pair: no --target/--draft")
+
+    def pass_seconds(text: str) -> tuple[float, float]:
+        fixed, per_row = (float(x) / 1e3 for x in common.comma_items(text))
+        return fixed, per_row
     target_cpus, draft_cpus = default_cpus()
     try:
-        ks = tuple(int(x) for x in items(pick("ks")))
+        ks = tuple(int(x) for x in common.comma_items(pick("ks")))
         return BenchConfig(
-            rtts_ms=tuple(float(x) for x in items(pick("rtts"))),
-            schedules=tuple(parse_schedule(s).name for s in items(args.schedules or default_schedules(ks))),
+            rtts_ms=tuple(float(x) for x in common.comma_items(pick("rtts"))),
+            schedules=tuple(parse_schedule(s).name for s in common.comma_items(args.schedules or default_schedules(ks))),
             repetitions=int(pick("repetitions")), prompt_set=args.prompt_set, prompts=int(pick("prompts")),
-            prompt_names=tuple(items(args.prompt_names)), max_new_tokens=int(pick("max_new_tokens")),
-            temperatures=tuple(float(x) for x in items(pick("temperatures"))),
+            prompt_names=tuple(common.comma_items(args.prompt_names)), max_new_tokens=int(pick("max_new_tokens")),
+            temperatures=tuple(float(x) for x in common.comma_items(pick("temperatures"))),
             target=args.target or "default", draft=args.draft or "default",
-            dtype=args.dtype or ("float64" if tiny else "auto"), device=args.device, threads=args.threads,
+            dtype=args.dtype or ("float64" if tiny else "float32" if args.emulated_pair else "auto"),
+            device=args.device, threads=args.threads,
             target_cpus="" if args.no_pin else (args.target_cpus if args.target_cpus is not None else target_cpus),
             draft_cpus="" if args.no_pin else (args.draft_cpus if args.draft_cpus is not None else draft_cpus),
             orchestrator_cpus="" if args.no_pin else args.orchestrator_cpus,
             fanout=args.fanout, adaptive_max_k=args.adaptive_max_k, jitter_ms=args.jitter_ms, seed=args.seed,
-            quick=args.quick, tiny_pair=tiny, skip_prediction=args.skip_prediction, out=args.out,
+            quick=args.quick, tiny_pair=tiny,
+            emulated_perturbation=args.perturbation if args.emulated_pair else 0.0,
+            target_pass_seconds=pass_seconds(args.target_pass_ms), draft_pass_seconds=pass_seconds(args.draft_pass_ms),
+            skip_prediction=args.skip_prediction, out=args.out,
             name=args.name or common.utc_stamp(),
         )
     except ValueError as error:
@@ -328,38 +358,9 @@ def temperature_label(temperature: float) -> str:
 
 
 def build_tiny_pair(directory: Path) -> tuple[str, str]:
-    """A random-weight Llama target with a byte-level tokenizer and a chat template (as
-    specdec/distill/tiny.py), its head sharpened so greedy choices are not near ties, and a draft
-    that is a perturbed copy of it (accepted often, not always)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specdec.distill.tiny import make_tiny_tokenizer
-
-    tokenizer = make_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)
-    draft = LlamaForCausalLM(config).eval()
-    draft.load_state_dict(target.state_dict())
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.3 * parameter.std())
-    paths = []
-    for name, model in (("target", target), ("draft", draft)):
-        path = directory / name
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        paths.append(str(path))
-    return paths[0], paths[1]
+    """A random-weight tiny target and a perturbed copy of it as the draft (accepted often, not
+    always): benchmarks/emulated_pair.py's pair, smaller, noisier, its passes not stretched."""
+    return emulated_pair.build_agreeing_pair(directory, perturbation=0.3, hidden_size=32, mute_special_tokens=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +372,12 @@ def start_stack(stack: ExitStack, config: BenchConfig) -> tuple[dict[float, str]
     orchestrator's address, and what each service process runs on."""
     common.prepare_default_models(config)
     env = common.service_env()
+    if config.emulated_perturbation:
+        stretcher = emulated_pair.write_pass_stretcher(config.out / f"pipeline-{config.name}.site")
+        stack.callback(shutil.rmtree, stretcher, True)
+        env["PYTHONPATH"] = os.pathsep.join([str(stretcher), env["PYTHONPATH"]])
+        env[emulated_pair.PASS_SECONDS_ENV] = emulated_pair.pass_seconds_spec(
+            config.target_pass_seconds, config.draft_pass_seconds)
     models = []
     for role, model, cpus in (("target", config.target, config.target_cpus),
                               ("draft", config.draft, config.draft_cpus)):
@@ -427,13 +434,6 @@ def warm_up_and_reference(clients: dict, config: BenchConfig, prompts: list) -> 
     off = speculation(parse_schedule(OFF), config)
     return [reference_client.generate(common.chat_request(p.messages, config.max_new_tokens, off))
             for p in prompts]
-
-
-def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
-    for index, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return index
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def run_record(result: common.GenerateResult, **fields) -> dict:
@@ -499,7 +499,7 @@ def sweep(clients: dict, config: BenchConfig, prompts: list, references: list[tu
                     record = run_record(result, repetition=repetition, rtt_ms=rtt_ms, schedule=schedule.name,
                                         temperature=temperature, prompt=prompt.name)
                     if temperature == 0:
-                        mismatch = first_difference(result.token_ids, references[index])
+                        mismatch = common.first_difference(result.token_ids, references[index])
                         record["matches_target_only"] = mismatch is None
                         record["first_mismatch_index"] = mismatch
                     cell_runs.append(record)
@@ -833,6 +833,13 @@ def main(argv: list[str] | None = None) -> int:
             target, draft = build_tiny_pair(directory)
             config = replace(config, target=target, draft=draft)
             common.note(f"--quick: a tiny random-weight pair in {directory}")
+        elif config.emulated_perturbation:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-pipeline-")))
+            target, draft = emulated_pair.build_agreeing_pair(directory, config.emulated_perturbation)
+            config = replace(config, target=target, draft=draft)
+            common.note(f"--emulated-pair: a tiny pair (draft noise {config.emulated_perturbation:g}) in "
+                        f"{directory}, passes stretched to target {config.target_pass_seconds} and draft "
+                        f"{config.draft_pass_seconds} s (fixed, per row)")
         with ExitStack() as services:
             addresses, placements = start_stack(services, config)
             clients = {rtt: services.enter_context(common.OrchestratorClient(a)) for rtt, a in addresses.items()}

@@ -201,13 +201,6 @@ def warm_up_and_reference(clients: dict, config: BenchConfig, prompts: list) -> 
             for p in prompts]
 
 
-def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
-    for index, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return index
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def run_record(result: common.GenerateResult, **fields) -> dict:
     stats = result.stats
     ks = list(stats.num_speculative_tokens_per_round)
@@ -256,7 +249,7 @@ def sweep(clients: dict, config: BenchConfig, prompts: list, references: list,
                     record = run_record(result, repetition=repetition, rtt_ms=rtt_ms, schedule=schedule,
                                         temperature=temperature, prompt=prompt.name)
                     if temperature == 0:
-                        mismatch = first_difference(result.token_ids, references[index])
+                        mismatch = common.first_difference(result.token_ids, references[index])
                         record["matches_target_only"] = mismatch is None
                         record["first_mismatch_index"] = mismatch
                     runs.append(record)

@@ -180,6 +180,20 @@ class OrchestratorClient:
 # Figures and output
 
 
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """The first index where two token sequences differ (the shorter's length if one is a prefix
+    of the other); None when they are equal."""
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def comma_items(text: object) -> list[str]:
+    """The non-empty items of a comma-separated command-line value."""
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
 def spread(values: Sequence[float]) -> dict[str, float | int]:
     """Median and range of repeated measurements."""
     if not values:

@@ -66,3 +66,18 @@ def test_the_tables_and_goals_are_printed(quick_run):
     assert "TTFT p50" in stdout and "slowest/median" in stdout and "Goals:" in stdout
     assert "HF float32 tok/s" in stdout
     assert data["goals"] and all("met" in goal for goal in data["goals"])
+
+
+def test_schedules_name_a_pipeline_mode():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_load
+    from specdec.v1 import orchestrator_pb2 as pb
+
+    auto = bench_load.speculation("adaptive/auto")
+    assert auto.mode == pb.SPECULATION_MODE_ADAPTIVE and auto.pipeline == pb.PIPELINE_MODE_AUTO
+    on = bench_load.speculation("k=2/on")
+    assert (on.mode, on.num_speculative_tokens, on.pipeline) == (pb.SPECULATION_MODE_FIXED, 2, pb.PIPELINE_MODE_ON)
+    assert bench_load.speculation("adaptive").pipeline == pb.PIPELINE_MODE_UNSPECIFIED
+    for bad in ("off/on", "adaptive/sometimes", "k=0/on"):
+        with pytest.raises(ValueError):
+            bench_load.speculation(bad)
