@@ -268,8 +268,8 @@ def _left_pool(address: str) -> grpc.aio.AioRpcError:
 
 class _LeftPoolChannel:
     """Stands in for the channel of a replica that left the pool (duck-typing grpc.aio.Channel for
-    the generated stubs). Prefill, Verify, Propose and Info fail with UNAVAILABLE, without a round
-    trip, so a session there is rebuilt elsewhere at its next call. Release still reaches the
+    the generated stubs). Prefill, Verify, Propose, Speculate and Info fail with UNAVAILABLE,
+    without a round trip, so a session there is rebuilt elsewhere at its next call. Release still reaches the
     replica, which frees the caches now if it is up, not at their TTL."""
 
     def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
@@ -281,6 +281,9 @@ class _LeftPoolChannel:
             return _UnavailableOnceClosed(self.address, self._channel.unary_unary(method, *args, **kwargs))
         return _Unavailable(self.address)
 
+    def unary_stream(self, method: str, *args, **kwargs):
+        return lambda request, **call_kwargs: _UnavailableStream(self.address)  # Speculate
+
     async def close(self, grace: float | None = None) -> None:
         pass  # the pool closes the real channel
 
@@ -291,6 +294,19 @@ class _Unavailable:
 
     async def __call__(self, request, **kwargs):
         raise _left_pool(self.address)
+
+
+class _UnavailableStream:
+    """A server-streaming call to a replica that left the pool: its first read fails."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    async def read(self):
+        raise _left_pool(self.address)
+
+    def cancel(self) -> bool:
+        return False
 
 
 class _UnavailableOnceClosed:

@@ -47,6 +47,7 @@ class Config:
     num_samples: int
     first_seed: int  # seeds first_seed .. first_seed + num_samples - 1, one per request
     speculation: int = pb.SPECULATION_MODE_FIXED
+    pipeline: int = pb.PIPELINE_MODE_OFF
 
 
 CONFIGS = {
@@ -54,6 +55,10 @@ CONFIGS = {
     "temperature_0.7_top_k_5": Config(temperature=0.7, top_k=5, num_samples=500, first_seed=20_000),
     "temperature_1_speculation_off": Config(temperature=1.0, top_k=0, num_samples=400, first_seed=30_000,
                                             speculation=pb.SPECULATION_MODE_OFF),
+    # Drafting ahead: a round after the first may verify a branch the draft drafted during the
+    # first round's verify (a hit), which must leave the law untouched.
+    "temperature_1_pipelined": Config(temperature=1.0, top_k=0, num_samples=600, first_seed=40_000,
+                                      pipeline=pb.PIPELINE_MODE_ON),
 }
 
 
@@ -121,6 +126,7 @@ class Samples:
     tokens: torch.Tensor  # (N, NUM_TOKENS)
     drafted: int
     accepted: int
+    pipeline_hits: int = 0
 
 
 async def _sample(address: str, config: Config) -> Samples:
@@ -134,7 +140,8 @@ async def _sample(address: str, config: Config) -> Samples:
                 prompt_token_ids=PROMPT, max_new_tokens=MAX_NEW_TOKENS,
                 sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
                 speculation=pb.SpeculationConfig(mode=config.speculation,
-                                                 num_speculative_tokens=NUM_SPECULATIVE_TOKENS),
+                                                 num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+                                                 pipeline=config.pipeline),
             )
             async with semaphore:
                 tokens, last = [], None
@@ -150,6 +157,7 @@ async def _sample(address: str, config: Config) -> Samples:
         tokens=torch.tensor([tokens[:NUM_TOKENS] for tokens, _ in results]),
         drafted=sum(stats.drafted_tokens for _, stats in results),
         accepted=sum(stats.accepted_tokens for _, stats in results),
+        pipeline_hits=sum(stats.pipeline_hits for _, stats in results),
     )
 
 
@@ -212,6 +220,8 @@ def test_output_follows_the_target_law(loop_thread, sampling_stack, reference_mo
         assert samples.drafted == 0
     else:  # the far draft both loses and wins: rejections and acceptances were both exercised
         assert 0 < samples.accepted < samples.drafted, (samples.accepted, samples.drafted)
+    if config.pipeline == pb.PIPELINE_MODE_ON:
+        assert samples.pipeline_hits > 0  # some samples' later tokens came from drafted-ahead branches
 
 
 @pytest.mark.parametrize("sampling", [
