@@ -575,7 +575,8 @@ def summarize(runs: list[dict], config: BenchConfig) -> dict:
                     cell["greedy_runs"] = len(all_runs)
                     cell["greedy_matches"] = sum(r["matches_target_only"] for r in all_runs)
                 cells.append(cell)
-    return {"cells": cells, "comparisons": comparisons(rate, config), "exactness": exactness(runs)}
+    fixed_k = lambda schedule: parse_schedule(schedule).mode == "fixed"
+    return {"cells": cells, "comparisons": comparisons(rate, config), "exactness": common.exactness(runs, fixed_k)}
 
 
 def comparisons(rate: dict, config: BenchConfig) -> list[dict]:
@@ -599,27 +600,6 @@ def comparisons(rate: dict, config: BenchConfig) -> list[dict]:
                 row["by_rtt"][str(rtt)] = {**common.spread(values), "per_repetition": values}
             result.append(row)
     return result
-
-
-def exactness(runs: list[dict]) -> dict:
-    """Greedy: every output equals target-only. Sampled fixed K: one output per (schedule,
-    prompt) over RTTs and repetitions (a seed reproduces a fixed-K schedule, pipelined or not)."""
-    greedy = [run for run in runs if run["temperature"] == 0]
-    mismatches = [{k: run[k] for k in ("repetition", "rtt_ms", "schedule", "prompt", "first_mismatch_index")}
-                  for run in greedy if not run["matches_target_only"]]
-    sampled: dict[tuple, set[str]] = defaultdict(set)
-    for run in runs:
-        if run["temperature"] > 0 and parse_schedule(run["schedule"]).mode == "fixed":
-            sampled[(run["schedule"], run["temperature"], run["prompt"])].add(run["output_digest"])
-    unreproduced = [{"schedule": s, "temperature": t, "prompt": p, "distinct_outputs": len(d)}
-                    for (s, t, p), d in sampled.items() if len(d) > 1]
-    return {
-        "greedy_runs": len(greedy),
-        "greedy_mismatches": mismatches,
-        "all_greedy_outputs_match_target_only": not mismatches,
-        "sampled_fixed_k_groups": len(sampled),
-        "sampled_fixed_k_not_reproduced": unreproduced,
-    }
 
 
 # ---------------------------------------------------------------------------------------------

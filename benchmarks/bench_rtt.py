@@ -293,7 +293,8 @@ def summarize(runs: list[dict], config: BenchConfig) -> dict:
         "heuristic_goal_rtts_in_sweep": [r for r in config.rtts_ms if r in HEURISTIC_GOAL_RTTS_MS],
         "measured_on": "median over the comparison repetitions of per-repetition ratios",
     }
-    return {"cells": cells, "comparisons": comparisons, "goals": goals, "exactness": exactness(runs)}
+    fixed_k = lambda schedule: fixed_k_of(schedule) is not None
+    return {"cells": cells, "comparisons": comparisons, "goals": goals, "exactness": common.exactness(runs, fixed_k)}
 
 
 def compare(rate, rtt_ms: float, temperature: float, config: BenchConfig) -> dict:
@@ -323,26 +324,6 @@ def compare(rate, rtt_ms: float, temperature: float, config: BenchConfig) -> dic
     if rtt_ms in HEURISTIC_GOAL_RTTS_MS:
         comparison["meets_heuristic_goal"] = comparison["adaptive_over_heuristic"]["median"] > 1.0
     return comparison
-
-
-def exactness(runs: list[dict]) -> dict:
-    """Greedy: every output equals target-only. Sampled fixed K: a seed reproduces the output."""
-    greedy = [run for run in runs if run["temperature"] == 0]
-    mismatches = [{k: run[k] for k in ("repetition", "rtt_ms", "schedule", "prompt", "first_mismatch_index")}
-                  for run in greedy if not run["matches_target_only"]]
-    sampled: dict[tuple, set[str]] = defaultdict(set)
-    for run in runs:
-        if run["temperature"] > 0 and fixed_k_of(run["schedule"]) is not None:
-            sampled[(run["schedule"], run["temperature"], run["prompt"])].add(run["output_digest"])
-    unreproduced = [{"schedule": s, "temperature": t, "prompt": p, "distinct_outputs": len(d)}
-                    for (s, t, p), d in sampled.items() if len(d) > 1]
-    return {
-        "greedy_runs": len(greedy),
-        "greedy_mismatches": mismatches,
-        "all_greedy_outputs_match_target_only": not mismatches,
-        "sampled_fixed_k_groups": len(sampled),
-        "sampled_fixed_k_not_reproduced": unreproduced,
-    }
 
 
 def render_table(summary: dict, config: BenchConfig, markdown: bool) -> str:

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -187,6 +187,28 @@ def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
         if x != y:
             return index
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def exactness(runs: list[dict], is_fixed_k: Callable[[str], bool]) -> dict:
+    """Greedy: every run's output equals target-only (run["matches_target_only"]). Sampled runs of
+    a fixed-K schedule (is_fixed_k(run["schedule"])): one output per (schedule, temperature,
+    prompt), since a seed reproduces a fixed-K schedule."""
+    greedy = [run for run in runs if run["temperature"] == 0]
+    mismatches = [{k: run[k] for k in ("repetition", "rtt_ms", "schedule", "prompt", "first_mismatch_index")}
+                  for run in greedy if not run["matches_target_only"]]
+    sampled: dict[tuple, set[str]] = {}
+    for run in runs:
+        if run["temperature"] > 0 and is_fixed_k(run["schedule"]):
+            sampled.setdefault((run["schedule"], run["temperature"], run["prompt"]), set()).add(run["output_digest"])
+    unreproduced = [{"schedule": s, "temperature": t, "prompt": p, "distinct_outputs": len(d)}
+                    for (s, t, p), d in sampled.items() if len(d) > 1]
+    return {
+        "greedy_runs": len(greedy),
+        "greedy_mismatches": mismatches,
+        "all_greedy_outputs_match_target_only": not mismatches,
+        "sampled_fixed_k_groups": len(sampled),
+        "sampled_fixed_k_not_reproduced": unreproduced,
+    }
 
 
 def comma_items(text: object) -> list[str]:
