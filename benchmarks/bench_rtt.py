@@ -133,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         return preset[name] if value is None else value
 
     def numbers(text: str, kind=float) -> tuple:
-        return tuple(kind(x) for x in str(text).split(",") if x.strip())
+        return tuple(kind(x) for x in common.comma_items(text))
 
     return BenchConfig(
         rtts_ms=numbers(pick("rtts")), ks=numbers(pick("ks"), int), repetitions=pick("repetitions"),

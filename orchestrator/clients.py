@@ -141,6 +141,29 @@ def _timing(wall_seconds: float, response: Any) -> CallTiming:
                       response.pass_rows, response.pass_sessions)
 
 
+def _propose_request(handle: Handle, new_committed_token_ids: Sequence[int],
+                     num_speculative_tokens: int) -> draft_pb2.ProposeRequest:
+    return draft_pb2.ProposeRequest(
+        handle=convert.handle_to_proto(handle),
+        new_committed_token_ids=list(new_committed_token_ids),
+        num_speculative_tokens=num_speculative_tokens,
+    )
+
+
+def _proposal(message: Any, fed_tokens: int = 0) -> Proposal:
+    """The drafts of a ProposeResponse or a Branch."""
+    return Proposal(
+        token_ids=tuple(message.draft_token_ids),
+        distributions=tuple(convert.distribution_from_proto(d) for d in message.draft_distributions),
+        fed_tokens=fed_tokens,
+    )
+
+
+def _proposal_reply(response: draft_pb2.ProposeResponse, wall_seconds: float) -> Reply[Proposal]:
+    return Reply(convert.handle_from_proto(response.handle), _proposal(response, response.fed_tokens),
+                 _timing(wall_seconds, response))
+
+
 class TargetClient(ReplicaClient):
     role = "target"
 
@@ -191,29 +214,16 @@ class DraftClient(ReplicaClient):
     async def propose(self, handle: Handle, new_committed_token_ids: Sequence[int],
                       num_speculative_tokens: int) -> Reply[Proposal]:
         """new_committed_token_ids: the tokens of C the draft has not been told yet."""
-        request = draft_pb2.ProposeRequest(
-            handle=convert.handle_to_proto(handle),
-            new_committed_token_ids=list(new_committed_token_ids),
-            num_speculative_tokens=num_speculative_tokens,
-        )
+        request = _propose_request(handle, new_committed_token_ids, num_speculative_tokens)
         response, wall = await self._call(self._stub.Propose, request, self.timeouts.step_seconds)
-        proposal = Proposal(
-            token_ids=tuple(response.draft_token_ids),
-            distributions=tuple(convert.distribution_from_proto(d) for d in response.draft_distributions),
-            fed_tokens=response.fed_tokens,
-        )
-        return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall, response))
+        return _proposal_reply(response, wall)
 
     def speculate(self, handle: Handle, new_committed_token_ids: Sequence[int], num_speculative_tokens: int,
                   fanout: int, branch_num_speculative_tokens: int) -> SpeculateCall:
         """Starts a Speculate: a Propose whose second answer, the branches drafted ahead for the
         outcomes of the round it starts, comes while the target verifies."""
         request = draft_pb2.SpeculateRequest(
-            propose=draft_pb2.ProposeRequest(
-                handle=convert.handle_to_proto(handle),
-                new_committed_token_ids=list(new_committed_token_ids),
-                num_speculative_tokens=num_speculative_tokens,
-            ),
+            propose=_propose_request(handle, new_committed_token_ids, num_speculative_tokens),
             fanout=fanout,
             branch_num_speculative_tokens=branch_num_speculative_tokens,
         )
@@ -240,22 +250,14 @@ class SpeculateCall:
 
     async def proposal(self) -> Reply[Proposal]:
         response = await self._read("proposal")
-        proposal = Proposal(
-            token_ids=tuple(response.draft_token_ids),
-            distributions=tuple(convert.distribution_from_proto(d) for d in response.draft_distributions),
-            fed_tokens=response.fed_tokens,
-        )
-        wall = time.perf_counter() - self._started
-        return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall, response))
+        return _proposal_reply(response, time.perf_counter() - self._started)
 
     async def branches(self) -> tuple[DraftedAhead, CallTiming]:
         """The branches; the timing's wall time runs from the start of the call."""
         response = await self._read("branches")
         ahead = DraftedAhead(
-            branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, Proposal(
-                token_ids=tuple(b.draft_token_ids),
-                distributions=tuple(convert.distribution_from_proto(d) for d in b.draft_distributions),
-            )) for b in response.branches),
+            branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, _proposal(b))
+                           for b in response.branches),
             candidates=tuple(tuple(c.token_ids) for c in response.candidates),
         )
         return ahead, _timing(time.perf_counter() - self._started, response)
