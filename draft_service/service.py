@@ -86,38 +86,43 @@ class DraftService(SessionService[DraftSessionState]):
         itself excluded: a rejected draft is never the correction), each with up to
         branch_num_speculative_tokens drafts. Their jobs are batched into the same passes."""
         started = time.perf_counter()
+
+        def nothing() -> tuple[DraftedAhead, Timing]:
+            return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+
         session = self.store.lookup(handle.session_id, handle.epoch)
         async with session.lock:
             state = session.state
             if session.committed_length != handle.committed_length or state.last is None:
-                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+                return nothing()
             drafted = state.last
             num_speculative_tokens = len(drafted.token_ids)
             room = self.loaded.max_context - (len(state.committed) + num_speculative_tokens + 1)
             branch_num_speculative_tokens = min(branch_num_speculative_tokens, room)
             if branch_num_speculative_tokens < 1:
-                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
+                return nothing()
             try:
                 bonus = await self.worker.run_job(lambda: self.engine.bonus_logits(state))
-                bonus_cache, bonus_logits = bonus.value
-                candidates = [[t for t in drafted.candidates[j] if t != drafted.token_ids[j]]
-                              for j in range(num_speculative_tokens)]
-                candidates.append(top_candidates(bonus_logits))
-                outcomes = [(j, t) for j, tokens in enumerate(candidates) for t in tokens[:fanout]]
-
-                def job(j: int, t: int):
-                    parent = bonus_cache if j == num_speculative_tokens else state.cache
-                    return lambda: self.engine.branch(state, parent, j, t, branch_num_speculative_tokens)
-
-                branched = await asyncio.gather(*(self.worker.run_job(job(j, t)) for j, t in outcomes),
-                                                return_exceptions=True)
             except Overloaded:  # drafting ahead is an optimisation: never a reason to fail
-                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
-            if any(isinstance(timed, Overloaded) for timed in branched):
-                return DraftedAhead(), Timing(0.0, time.perf_counter() - started)
-            for timed in branched:
-                if isinstance(timed, BaseException):
-                    raise timed
+                return nothing()
+            bonus_cache, bonus_logits = bonus.value
+            candidates = [[t for t in drafted.candidates[j] if t != drafted.token_ids[j]]
+                          for j in range(num_speculative_tokens)]
+            candidates.append(top_candidates(bonus_logits))
+            outcomes = [(j, t) for j, tokens in enumerate(candidates) for t in tokens[:fanout]]
+
+            def job(j: int, t: int):
+                parent = bonus_cache if j == num_speculative_tokens else state.cache
+                return lambda: self.engine.branch(state, parent, j, t, branch_num_speculative_tokens)
+
+            # Every branch job runs to its end (none is left half-fed) before a failure is raised.
+            branched = await asyncio.gather(*(self.worker.run_job(job(j, t)) for j, t in outcomes),
+                                            return_exceptions=True)
+            failures = [timed for timed in branched if isinstance(timed, BaseException)]
+            if any(isinstance(failure, Overloaded) for failure in failures):
+                return nothing()
+            if failures:
+                raise failures[0]
             branches = [timed.value for timed in branched]
             state.branches = {(*drafted.token_ids[:b.num_accepted], b.next_token_id): b for b in branches}
             compute = bonus.compute_seconds + max((t.compute_seconds for t in branched), default=0.0)
