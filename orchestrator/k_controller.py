@@ -408,6 +408,20 @@ class AdaptiveKController:
         self._max_fanout = max_fanout
         return _AutoPipeline(self)
 
+    @property
+    def planned_fanout(self) -> int:
+        """The fan-out chosen with this round's K (0: no drafting ahead)."""
+        return self._planned_fanout
+
+    def observe_ahead(self, observation: AheadObservation) -> None:
+        """A round that drafted ahead: the outcome's candidate rank and the branches' cost."""
+        assert self._ahead is not None, "pipeline() was not called"
+        self._ahead.observe_outcome(observation.num_accepted == observation.num_speculative_tokens,
+                                    observation.rank, observation.candidates, observation.fanout)
+        if observation.branches:  # rows per pass: one per branch
+            self._ahead.observe_branches(observation.compute_seconds, observation.branch_num_speculative_tokens + 1,
+                                         observation.branches, observation.wall_seconds)
+
     def _choose_plain(self, max_num_speculative_tokens: int) -> int:
         if max_num_speculative_tokens <= 0:
             return 0
@@ -606,15 +620,8 @@ class _AutoPipeline:
         self._controller = controller
 
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
-        fanout = self._controller._planned_fanout
+        fanout = self._controller.planned_fanout
         return AheadPlan(fanout, min(num_speculative_tokens, max_num_speculative_tokens)) if fanout else NO_AHEAD
 
     def observe_ahead(self, observation: AheadObservation) -> None:
-        ahead = self._controller._ahead
-        assert ahead is not None
-        ahead.observe_outcome(observation.num_accepted == observation.num_speculative_tokens, observation.rank,
-                              observation.candidates, observation.fanout)
-        if observation.branches:
-            rows_per_pass = max(1, round(observation.branches))
-            ahead.observe_branches(observation.compute_seconds, observation.branch_num_speculative_tokens + 1,
-                                   rows_per_pass, observation.wall_seconds)
+        self._controller.observe_ahead(observation)
