@@ -59,6 +59,27 @@ annotations:
 {{- printf "%s-%s" (include "specdec.fullname" .root) .component }}
 {{- end }}
 
+{{/*
+"true" when the chart runs a draft pool, "" when it does not: with orchestrator.draftMethod ngram
+or suffix the orchestrator drafts alone with a lookup (--draft local:METHOD) and no draft replica
+is ever called, so draft-*.yaml render nothing. Call with the root context.
+*/}}
+{{- define "specdec.draftPool" -}}
+{{- if has .Values.orchestrator.draftMethod (list "model" "hybrid") }}true{{ end }}
+{{- end }}
+
+{{/* The orchestrator's address of one pool (its --draft / --target). Call with
+(dict "root" $ "component" "draft"). */}}
+{{- define "specdec.poolAddress" -}}
+{{- $service := include "specdec.componentName" . }}
+{{- $port := include "specdec.servicePort" .component }}
+{{- if eq .root.Values.discovery "kubernetes" }}
+{{- printf "k8s://%s/%s:%s" .root.Release.Namespace $service $port }}
+{{- else }}
+{{- printf "dns:///%s.%s.svc.%s:%s" $service .root.Release.Namespace .root.Values.clusterDomain $port }}
+{{- end }}
+{{- end }}
+
 {{- define "specdec.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

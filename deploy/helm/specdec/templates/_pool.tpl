@@ -1,6 +1,7 @@
 {{/*
 The draft and target pools have the same shape; draft-*.yaml and target-*.yaml each include these
-with their own component name, so the two pools never drift apart.
+with their own component name, so the two pools never drift apart. Only the draft pool has a
+method (draft.method: its model, or a lookup that reads the target's model directory).
 Call every template here with (dict "root" $ "component" "draft" "values" $.Values.draft).
 */}}
 
@@ -65,6 +66,13 @@ Call every template here with (dict "root" $ "component" "draft" "values" $.Valu
 {{- define "specdec.poolDeployment" -}}
 {{- $root := .root }}
 {{- $values := .values }}
+{{- /* A lookup draft (draft.method ngram or suffix) loads no model: its --model is the target's
+model directory, mounted as in the target's pods, read for the vocabulary (config and tokenizer,
+no weights). draft.model then goes unused. */}}
+{{- $modelPool := . }}
+{{- if and (eq .component "draft") (ne $values.method "model") }}
+{{- $modelPool = dict "root" $root "component" "target" "values" $root.Values.target }}
+{{- end }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -100,7 +108,15 @@ spec:
             - serve
             - {{ .component }}
             - --model
-            - {{ include "specdec.modelPath" . | quote }}
+            - {{ include "specdec.modelPath" $modelPool | quote }}
+            {{- if eq .component "draft" }}
+            - --method
+            - {{ $values.method | quote }}
+            {{- if eq $values.method "suffix" }}
+            - --suffix-cache
+            - {{ $values.suffixCache | quote }}
+            {{- end }}
+            {{- end }}
             - --host
             - 0.0.0.0
             - --port
@@ -151,12 +167,12 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
-            {{- with include "specdec.modelVolumeMount" . }}{{ . | trim | nindent 12 }}{{ end }}
+            {{- with include "specdec.modelVolumeMount" $modelPool }}{{ . | trim | nindent 12 }}{{ end }}
             {{- with include "specdec.tlsVolumeMount" $root }}{{ . | trim | nindent 12 }}{{ end }}
       volumes:
         - name: tmp
           emptyDir: {}
-        {{- with include "specdec.modelVolume" . }}{{ . | trim | nindent 8 }}{{ end }}
+        {{- with include "specdec.modelVolume" $modelPool }}{{ . | trim | nindent 8 }}{{ end }}
         {{- with include "specdec.tlsVolume" $root }}{{ . | trim | nindent 8 }}{{ end }}
 {{- end }}
 
