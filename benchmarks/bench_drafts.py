@@ -1,8 +1,8 @@
 """Model-free drafts against the draft model and the target alone, through the services.
 
 Methods: target-only (speculation off), model (the draft service proposes), ngram and suffix (a
-lookup in the orchestrator: no draft model, no draft hop) and hybrid (the suffix lookup where its
-match is strong, the draft model elsewhere). One target service and one draft service, as separate
+lookup in the orchestrator: no draft model, no draft hop) and hybrid (per round the suffix
+lookup's proposal or the draft model's, as the K controller chooses). One target service and one draft service, as separate
 processes; one orchestrator per method in front of them, side by side, each started with its
 --draft / --draft-method (target-only goes through the model orchestrator with speculation off), so
 every method runs on the same target service in the same run.
@@ -70,6 +70,7 @@ class Run:
     accepted_by_method: dict[str, int]
     target_passes: int  # forward passes of the target service during the request (prefill included)
     target_rows: int  # rows of those passes
+    controller_estimates: dict[str, float] = field(default_factory=dict)  # at the request's end
 
     @property
     def verify_rows(self) -> int:
@@ -169,7 +170,8 @@ def call(client: common.OrchestratorClient, target: Target, prompt_set: str, pro
     return Run(prompt.name, prompt_set, method, temperature, list(result.token_ids), s.prompt_tokens,
                s.generated_tokens, s.wall_seconds, s.rounds, s.drafted_tokens, s.accepted_tokens,
                list(s.num_speculative_tokens_per_round), dict(s.drafted_tokens_by_method),
-               dict(s.accepted_tokens_by_method), passes_after - passes_before, rows_after - rows_before)
+               dict(s.accepted_tokens_by_method), passes_after - passes_before, rows_after - rows_before,
+               dict(s.controller_estimates))
 
 
 def scrape_by_method(url: str) -> dict[str, dict[str, float]]:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from orchestrator.clients import DraftClient, TargetClient
-from orchestrator.k_policy import KPolicy, RoundObservation
+from orchestrator.k_policy import KPolicy, LookupChooser, RoundObservation
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
     NO_AHEAD,
@@ -32,6 +32,7 @@ from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.stats import GenerationStats, StatsObserver
 from orchestrator.text import Decoder, TextStream
 from specdec.errors import InvalidInput, OutOfRange
+from specdec.lookup import NO_LOOKUP
 from specdec.protocol import (
     CallTiming,
     DraftedAhead,
@@ -150,6 +151,7 @@ class Generation:
         if num_speculative_tokens > 0 and self.local_draft is None and self.replicas.has_draft:
             plan = self.pipeline.plan(num_speculative_tokens, self.limits.max_num_speculative_tokens)
         proposed, method, ahead_call = None, "", None
+        matched: tuple[int, ...] = ()  # a lookup's proposal: its tokens' match lengths
         if branch is not None:  # drafted ahead last round: the target gets it at once
             proposal = branch
             self.stats.pipeline_hits += 1
@@ -162,8 +164,8 @@ class Generation:
                 if started is not None:
                     proposed, ahead_call = started
                 method = self.replicas.draft_method
-            elif num_speculative_tokens > 0:
-                proposed, method = await self._propose(num_speculative_tokens)
+            elif num_speculative_tokens > 0 or self.local_draft is not None:
+                proposed, method, matched = await self._propose(num_speculative_tokens, max_num_speculative_tokens)
             if self.uses_model_draft and not self.replicas.has_draft:
                 self.stats.draft_unavailable_rounds += 1
             proposal = proposed.value if proposed else NO_PROPOSAL
@@ -183,7 +185,8 @@ class Generation:
             self.stats.add_method_round(method or self.replicas.draft_method, proposal.num_speculative_tokens,
                                         outcome.num_accepted)
         self.policy.observe(_observation(proposed, verified, proposal, hit=branch is not None,
-                                         drafting_ahead=plan.drafts_ahead and draft_side is not None))
+                                         drafting_ahead=plan.drafts_ahead and draft_side is not None,
+                                         lookup_match_lengths=matched))
         committed = [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
         if ahead is not None:
             own_call = branch is not None  # after a hit the branches came on a call of their own
@@ -252,20 +255,33 @@ class Generation:
         finally:
             call.cancel()  # the stream has ended; nothing is cancelled but an unread end
 
-    async def _propose(self, num_speculative_tokens: int) -> tuple[Reply[Proposal] | None, str]:
-        """Up to num_speculative_tokens drafts and the method that proposed them: the lookup's
-        (none on no match: the round runs at K = 0), or for hybrid the model's where the lookup's
-        match is weak (and the lookup's, weak or not, while no draft replica serves)."""
+    async def _propose(self, num_speculative_tokens: int, max_num_speculative_tokens: int
+                       ) -> tuple[Reply[Proposal] | None, str, tuple[int, ...]]:
+        """The round's drafts, the method that proposed them and, for a lookup's, each token's
+        match length. With a lookup draft the lookup answers first (it costs next to nothing): the
+        adaptive controller, asked after seeing it, verifies as many of its tokens as pay, or none
+        (orchestrator/lookup_policy.py); other policies take up to their K of it, and hybrid only
+        on a strong match. Without the lookup's tokens, hybrid's model draft proposes K (and a
+        lookup draft alone runs the round at K = 0)."""
+        model_draft = self.replicas.has_draft
         if self.local_draft is not None:
-            found, seconds = self.local_draft.lookup(self.committed, num_speculative_tokens)
-            if self.local_draft.takes(found) or (found.token_ids and not self.replicas.has_draft):
-                self.stats.draft_seconds += seconds  # no hop: no call for the observer either
-                return lookup_reply(found, self.request.sampling, self.replicas.session_id,
-                                    len(self.committed), seconds), self.local_draft.lookup_method
-        if self.replicas.has_draft:
+            chooser = self.policy if isinstance(self.policy, LookupChooser) else None
+            asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
+            found, seconds = self.local_draft.lookup(self.committed, asked)
+            self.stats.draft_seconds += seconds  # no hop: no call for the observer either
+            if chooser is not None:
+                model_k = num_speculative_tokens if self.local_draft.uses_model and model_draft else None
+                taken = found.truncated(chooser.choose_lookup(found.match_lengths, model_k))
+            else:
+                taken = found if self.local_draft.takes(found) or not model_draft else NO_LOOKUP
+            if taken.token_ids:
+                reply = lookup_reply(taken, self.request.sampling, self.replicas.session_id, len(self.committed),
+                                     seconds)
+                return reply, self.local_draft.lookup_method, taken.match_lengths
+        if num_speculative_tokens > 0 and model_draft:
             reply = await self.replicas.propose(self.committed, num_speculative_tokens)
-            return reply, self.replicas.draft_method  # the replica that answered: a model or a lookup
-        return None, ""
+            return reply, self.replicas.draft_method, ()  # the replica that answered: a model or a lookup
+        return None, "", ()
 
     def _max_num_speculative_tokens(self) -> int:
         """K <= the servers' limit, the tokens still to generate minus one, the context left minus one."""
@@ -299,7 +315,8 @@ class Generation:
 
 
 def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal | None = None,
-                 hit: bool = False, drafting_ahead: bool = False) -> RoundObservation:
+                 hit: bool = False, drafting_ahead: bool = False,
+                 lookup_match_lengths: tuple[int, ...] = ()) -> RoundObservation:
     """What the round measured. proposal: what was verified (by default the draft call's); on a
     hit (drafted ahead the round before) no draft call was waited for."""
     if proposal is None:
@@ -322,4 +339,5 @@ def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome
         verify_pass_sessions=float(max(pass_sessions, 1.0)),
         drafted_ahead=hit,
         drafting_ahead=drafting_ahead,
+        lookup_match_lengths=lookup_match_lengths,
     )

@@ -90,6 +90,7 @@ from orchestrator.pipelining import (
 )
 
 if TYPE_CHECKING:
+    from orchestrator.lookup_policy import LookupAcceptance, LookupPriors
     from orchestrator.pipeline_policy import PipelineController, PipelinePriors
 
 # ---------------------------------------------------------------------------------------------
@@ -331,10 +332,13 @@ class AdaptiveKController:
     """
 
     def __init__(
-        self, config: KControllerConfig | None = None, priors: ControllerPriors | None = None
+        self, config: KControllerConfig | None = None, priors: ControllerPriors | None = None,
+        lookup_priors: LookupPriors | None = None,
     ) -> None:
         self._config = config if config is not None else KControllerConfig()
         self._priors = priors
+        self._lookup_priors = lookup_priors
+        self._lookups: LookupAcceptance | None = None  # made at the first lookup round
         cfg = self._config
         seed = priors.snapshot() if priors is not None else PriorEstimates()
         if seed.alpha is None:
@@ -422,6 +426,31 @@ class AdaptiveKController:
             self._ahead.observe_branches(observation.compute_seconds, observation.branch_num_speculative_tokens + 1,
                                          observation.branches, observation.wall_seconds)
 
+    def choose_lookup(self, match_lengths: Sequence[int], model_num_speculative_tokens: int | None) -> int:
+        """How many of a lookup's proposed tokens this round verifies (orchestrator/lookup_policy.py):
+        0 leaves the round to the model draft at model_num_speculative_tokens, the K choose() gave
+        (None: no model draft this round, so K = 0). match_lengths: each proposed token's match."""
+        # lookup_policy builds on this module's cost model: imported here, not at the top
+        from orchestrator.lookup_policy import choose_lookup_k
+
+        match_lengths = match_lengths[: self._config.max_num_speculative_tokens]
+        costs = self._costs()
+        model_seconds = None
+        if model_num_speculative_tokens is not None:
+            if costs is not None:
+                model_seconds = seconds_per_token(self._alpha.alpha, model_num_speculative_tokens, costs)
+            elif model_num_speculative_tokens > 0:
+                model_seconds = math.inf  # the model draft's costs are not known yet: the lookup first
+        verify_costs = costs if costs is not None else self._verify_costs()
+        return choose_lookup_k(self._lookup_acceptance(), match_lengths, verify_costs, model_seconds)
+
+    def _lookup_acceptance(self) -> LookupAcceptance:
+        if self._lookups is None:
+            from orchestrator.lookup_policy import LookupAcceptance
+
+            self._lookups = LookupAcceptance(priors=self._lookup_priors)
+        return self._lookups
+
     def _choose_plain(self, max_num_speculative_tokens: int) -> int:
         if max_num_speculative_tokens <= 0:
             return 0
@@ -440,7 +469,9 @@ class AdaptiveKController:
         self._update_estimates(observation)
         previous_k = self._num_speculative_tokens
         self._decide()
-        self._schedule_probes(previous_k, observation.num_speculative_tokens)
+        # A lookup's round tested no model K: to the model's probe schedule it is no round at all.
+        if not observation.lookup_match_lengths:
+            self._schedule_probes(previous_k, observation.num_speculative_tokens)
         if self._priors is not None:
             self._priors.update(self._session_estimates())
 
@@ -465,6 +496,8 @@ class AdaptiveKController:
             figures["verify_a"], figures["verify_b"] = coefficients
         if self._ahead is not None:
             figures.update(self._ahead.estimates())
+        if self._lookups is not None:
+            figures.update(self._lookups.estimates())
         costs = self._costs(include_catchup=False)
         if costs is not None:
             alpha, current = self._alpha.alpha, self._num_speculative_tokens
@@ -483,7 +516,33 @@ class AdaptiveKController:
 
     def _update_estimates(self, observation: RoundObservation) -> None:
         num_speculative_tokens, index = observation.num_speculative_tokens, self._round
-        self._alpha.update(num_speculative_tokens, observation.num_accepted, index)
+        if observation.lookup_match_lengths:
+            # A lookup proposed: its acceptance by match length. The model draft's alpha and
+            # timings were not measured, and it has the round's tokens to catch up on.
+            self._lookup_acceptance().update(observation.lookup_match_lengths, observation.num_accepted)
+            self._pending_catchup_tokens += observation.num_accepted + 1
+        else:
+            self._alpha.update(num_speculative_tokens, observation.num_accepted, index)
+            self._update_draft_estimates(observation, index)
+        # The fit is over the whole pass's rows: the time is that of the pass, whoever was in it.
+        rows = observation.pass_rows
+        verify_seconds = observation.verify_compute_seconds
+        if self._ahead is not None:
+            # Branches drafted on the target's cores slow its pass: the pipeline model measures
+            # by how much, and the fit gets the time the pass takes without them.
+            if self._verify.coefficients() is not None:
+                self._ahead.observe_verify(observation.drafting_ahead, verify_seconds, self._verify.seconds(rows))
+            verify_seconds = self._ahead.plain_verify_seconds(verify_seconds, observation.drafting_ahead)
+        self._verify.update(rows, verify_seconds, index)
+        self._pass_rows.update(float(rows), index)
+        self._pass_sessions.update(observation.pass_sessions, index)
+        self._others_rows.update(float(rows - num_speculative_tokens - 1), index)
+        target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
+        self._rtt_target.update(max(0.0, target_overhead), index)
+
+    def _update_draft_estimates(self, observation: RoundObservation, index: int) -> None:
+        """The model draft's timings and catch-up, from a round it proposed (or not: K = 0)."""
+        num_speculative_tokens = observation.num_speculative_tokens
         if num_speculative_tokens > 0 and observation.drafted_ahead:
             self._pending_catchup_tokens = 0  # drafted ahead: no draft call, nothing owed
         elif num_speculative_tokens > 0:
@@ -501,21 +560,6 @@ class AdaptiveKController:
             self._pending_catchup_tokens = 0
         else:
             self._pending_catchup_tokens += 1
-        # The fit is over the whole pass's rows: the time is that of the pass, whoever was in it.
-        rows = observation.pass_rows
-        verify_seconds = observation.verify_compute_seconds
-        if self._ahead is not None:
-            # Branches drafted on the target's cores slow its pass: the pipeline model measures
-            # by how much, and the fit gets the time the pass takes without them.
-            if self._verify.coefficients() is not None:
-                self._ahead.observe_verify(observation.drafting_ahead, verify_seconds, self._verify.seconds(rows))
-            verify_seconds = self._ahead.plain_verify_seconds(verify_seconds, observation.drafting_ahead)
-        self._verify.update(rows, verify_seconds, index)
-        self._pass_rows.update(float(rows), index)
-        self._pass_sessions.update(observation.pass_sessions, index)
-        self._others_rows.update(float(rows - num_speculative_tokens - 1), index)
-        target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
-        self._rtt_target.update(max(0.0, target_overhead), index)
 
     def _load(self) -> tuple[int, float]:
         """(R_others rounded, n - 1) from the running means; (0, 0.0) alone or before any round."""
@@ -524,19 +568,36 @@ class AdaptiveKController:
         return (round(others_rows) if others_rows is not None else 0,
                 max(0.0, sessions - 1.0) if sessions is not None else 0.0)
 
-    def _costs(self, include_catchup: bool = True) -> RoundCosts | None:
+    def _base_costs(self) -> RoundCosts | None:
+        """The verify pass and the target's hop, with the rows the others put in the pass; no
+        draft figures and no rate of the others yet. None before the first verify."""
         coefficients = self._verify.coefficients()
-        t_draft, rtt_draft = self._t_draft.value, self._rtt_draft.value
         rtt_target = self._rtt_target.value
-        if coefficients is None or t_draft is None or rtt_draft is None or rtt_target is None:
+        if coefficients is None or rtt_target is None:
             return None
-        t_feed = self._t_feed.value if self._t_feed.value is not None else t_draft
-        catchup = self._pending_catchup_tokens * t_feed if include_catchup else 0.0
-        others_rows, others_sessions = self._load()
+        others_rows, _ = self._load()
         # Alone, a row count's own residual (kernel steps) sharpens the line; with others in the
         # pass their rows move it across those steps from round to round, so the line alone.
         verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
-        costs = RoundCosts(t_draft, verify_fn, rtt_draft, rtt_target, catchup, others_rows=others_rows)
+        return RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
+
+    def _verify_costs(self) -> RoundCosts | None:
+        """The round's costs without a draft (no draft time, hop or catch-up): all a lookup needs."""
+        base = self._base_costs()
+        return self._with_others(base) if base is not None else None
+
+    def _costs(self, include_catchup: bool = True) -> RoundCosts | None:
+        base = self._base_costs()
+        t_draft, rtt_draft = self._t_draft.value, self._rtt_draft.value
+        if base is None or t_draft is None or rtt_draft is None:
+            return None
+        t_feed = self._t_feed.value if self._t_feed.value is not None else t_draft
+        catchup = self._pending_catchup_tokens * t_feed if include_catchup else 0.0
+        return self._with_others(replace(base, t_draft=t_draft, rtt_draft=rtt_draft, catchup_seconds=catchup))
+
+    def _with_others(self, costs: RoundCosts) -> RoundCosts:
+        """costs with the other sessions in the pass and what each of them commits per second."""
+        _, others_sessions = self._load()
         if others_sessions > 0.0:
             current = min(self._num_speculative_tokens, self._config.max_num_speculative_tokens)
             costs = replace(costs, others_sessions=others_sessions)

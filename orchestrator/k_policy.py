@@ -7,8 +7,9 @@ Fixed K (K = 0 is speculation off) and Hugging Face's heuristic live here; the a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from orchestrator.pipelining import PipelineMode
 
@@ -51,6 +52,10 @@ class RoundObservation:
     # The draft drafted the next round ahead during this round's verify (its compute may have
     # slowed the verify pass where the two share cores).
     drafting_ahead: bool = False
+    # A lookup proposed this round's drafts (orchestrator/local_draft.py): each token's match
+    # length, one per draft; the draft figures above are then the lookup's, not a model's. Empty:
+    # the model draft proposed (or nothing did).
+    lookup_match_lengths: tuple[int, ...] = ()
 
     @property
     def pass_rows(self) -> int:
@@ -77,6 +82,17 @@ class KPolicy(Protocol):
 
     def estimates(self) -> dict[str, float]:
         """Current estimates by name, reported in the request's stats."""
+
+
+@runtime_checkable
+class LookupChooser(Protocol):
+    """A policy that decides after a lookup has answered how many of its tokens to verify
+    (the adaptive controller: orchestrator/lookup_policy.py). Other policies verify a lookup's
+    proposal of up to their K whole."""
+
+    def choose_lookup(self, match_lengths: Sequence[int], model_num_speculative_tokens: int | None) -> int:
+        """0 (the round goes without the lookup: the model draft's at the K choose() gave, or
+        K = 0 where model_num_speculative_tokens is None) or how many of its tokens to verify."""
 
 
 @dataclass

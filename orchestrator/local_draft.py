@@ -4,13 +4,17 @@
 The draft method of an orchestrator comes from its --draft and --draft-method:
 
 - ``--draft local:ngram`` / ``--draft local:suffix``: that lookup alone, no draft pool;
-- ``--draft host:port --draft-method hybrid``: per round, the suffix lookup's proposal where its
-  match is strong (at least hybrid_min_match context tokens matched), the model draft's otherwise;
+- ``--draft host:port --draft-method hybrid``: per round, the suffix lookup's proposal or the
+  model draft's: with adaptive K whichever the controller expects to commit tokens faster
+  (orchestrator/lookup_policy.py); with fixed K the lookup's where its match is strong (at least
+  hybrid_min_match context tokens matched);
 - ``--draft host:port`` (``--draft-method model``, the default): the model draft alone.
 
-A lookup proposes up to the K the policy chose (the K controller's choice is the maximum); with no
-match the round runs at K = 0. When sampling, each proposed token comes with a one-hot q~, so the
-target verifies it with the rule it applies to any draft, unchanged.
+With adaptive K the lookup proposes up to the round's maximum and the controller chooses how many
+of its tokens to verify from the match each rests on; with fixed K it proposes up to K. With no
+match (or none worth verifying) the round runs at K = 0 (hybrid: the model draft's round). When
+sampling, each proposed token comes with a one-hot q~, so the target verifies it with the rule it
+applies to any draft, unchanged.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class LookupConfig:
     suffix_min_share: float = 0.3
     suffix_cache: str = "session"  # "shared": one cache of recent outputs for all requests
     suffix_cache_tokens: int = 200_000  # bound of the shared cache
-    hybrid_min_match: int = 3  # context tokens a lookup must match for hybrid to take it
+    hybrid_min_match: int = 3  # context tokens a lookup must match for hybrid to take it (fixed K)
 
     def __post_init__(self) -> None:
         if self.suffix_cache not in SUFFIX_CACHE_MODES:
@@ -144,7 +148,8 @@ class LocalDraft:
         return found, time.perf_counter() - started
 
     def takes(self, found: Lookup) -> bool:
-        """Whether the round goes with the lookup (hybrid: only on a strong match)."""
+        """Under fixed or heuristic K, whether the round goes with the lookup (hybrid: only on a
+        strong match); adaptive K decides by the cost model instead."""
         return not self.uses_model or (bool(found.token_ids) and found.match_length >= self.hybrid_min_match)
 
     def finish(self, committed: Sequence[int], prompt_length: int) -> None:

@@ -34,6 +34,7 @@ from orchestrator.local_draft import (
     NoReplicas,
     draft_method_of,
 )
+from orchestrator.lookup_policy import LookupPriors
 from orchestrator.pipeline_policy import PipelinePriors
 from orchestrator.pipelining import (
     DEFAULT_PIPELINE_FANOUT,
@@ -118,6 +119,8 @@ class OrchestratorService:
         # Pool-wide estimates that seed each new session's controller, kept apart for greedy and
         # sampled requests: their acceptance rates differ (timings are learnt in both).
         self.controller_priors = {"greedy": ControllerPriors(), "sampled": ControllerPriors()}
+        # a lookup's acceptance by match length (orchestrator/lookup_policy.py), greedy and sampled
+        self.lookup_priors = {"greedy": LookupPriors(), "sampled": LookupPriors()}
         self.pipeline_priors = {"greedy": PipelinePriors(), "sampled": PipelinePriors()}
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
@@ -253,8 +256,8 @@ class OrchestratorService:
             initial_num_speculative_tokens=min(base.initial_num_speculative_tokens, maximum),
             probe_num_speculative_tokens=min(base.probe_num_speculative_tokens, maximum),
         )
-        priors = self.controller_priors["greedy" if greedy else "sampled"]
-        return AdaptiveKController(controller, priors=priors)
+        kind = "greedy" if greedy else "sampled"
+        return AdaptiveKController(controller, priors=self.controller_priors[kind], lookup_priors=self.lookup_priors[kind])
 
     def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""

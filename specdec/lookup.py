@@ -8,7 +8,12 @@
   up to max_depth tokens, with how often each next token followed it), optionally merged with a
   SuffixCache of recent outputs shared by the replica's requests. The proposal follows the most
   frequent continuation of the longest matched context, token by token, while the chosen token's
-  share of the counts stays at or above min_share. Confidence: the product of those shares.
+  share of the counts stays at or above min_share. Each proposed token rests on the length of
+  the context matched when it was chosen.
+
+How long a match each proposed token rests on is the proposal's confidence: the K controller
+estimates acceptance per match length (orchestrator/lookup_policy.py), so a token continuing a
+long match is weighed differently from one after a short match, or from a model's guess.
 
 A proposal is a point mass (q~ = one-hot on each proposed token): the target's verify rule then
 accepts token x with probability p(x) and, on a rejection, samples from p with x removed and
@@ -45,14 +50,27 @@ def proposal_method(draft_model_id: str) -> str:
 
 @dataclass(frozen=True)
 class Lookup:
-    """A lookup's proposal: up to k token ids and how much to trust them."""
+    """A lookup's proposal: up to k token ids and, for each, how many tokens of context its match
+    rests on (the tokens proposed before it included)."""
 
     token_ids: tuple[int, ...]
-    confidence: float  # NgramProposer: the matched length; SuffixProposer: the product of shares
-    match_length: int  # tokens of the context that matched (0: no match)
+    match_lengths: tuple[int, ...]  # one per token, each >= 1
+
+    def __post_init__(self) -> None:
+        if len(self.match_lengths) != len(self.token_ids):
+            raise ValueError("a lookup needs one match length per proposed token")
+
+    @property
+    def match_length(self) -> int:
+        """Tokens of context the first proposed token's match rests on (0: no proposal)."""
+        return self.match_lengths[0] if self.match_lengths else 0
+
+    def truncated(self, num_tokens: int) -> Lookup:
+        """The first num_tokens proposed tokens."""
+        return Lookup(self.token_ids[:num_tokens], self.match_lengths[:num_tokens])
 
 
-NO_LOOKUP = Lookup((), 0.0, 0)
+NO_LOOKUP = Lookup((), ())
 
 
 class Proposer(Protocol):
@@ -102,7 +120,7 @@ class NgramProposer:
                 for position in range(end, end + k):
                     continuation.append(tokens[position] if position < len(tokens)
                                         else continuation[position - len(tokens)])
-                return Lookup(tuple(continuation), float(n), n)
+                return Lookup(tuple(continuation), tuple(range(n, n + k)))
         return NO_LOOKUP
 
     def finish(self, tokens: Sequence[int], prompt_length: int) -> None:
@@ -223,8 +241,7 @@ class SuffixProposer:
             return NO_LOOKUP
         tail = list(tokens[-self.counts.max_depth:])
         proposed: list[int] = []
-        confidence = 1.0
-        first_match = 0
+        depths: list[int] = []
         while len(proposed) < k:
             depth, row = self._match(tail)
             if row is None:
@@ -233,14 +250,12 @@ class SuffixProposer:
             share = count / sum(row.values())
             if share < self.min_share:
                 break
-            if not proposed:
-                first_match = depth
-            confidence *= share
+            depths.append(depth)
             proposed.append(token)
             tail = [*tail[1:], token] if len(tail) >= self.counts.max_depth else [*tail, token]
         if not proposed:
             return NO_LOOKUP
-        return Lookup(tuple(proposed), confidence, first_match)
+        return Lookup(tuple(proposed), tuple(depths))
 
     def finish(self, tokens: Sequence[int], prompt_length: int) -> None:
         if self.cache is not None:

@@ -123,8 +123,9 @@ def orchestrator_flags(parser: argparse.ArgumentParser) -> None:
                                                         "or local:ngram / local:suffix, a model-free draft run in the orchestrator (no draft replicas)")
     parser.add_argument("--draft-method", choices=DRAFT_METHODS, default=None,
                         help="model: the draft replicas propose (the default with an address); "
-                             "hybrid: the suffix lookup where its match is strong, the draft "
-                             "replicas otherwise; ngram / suffix: as --draft local:METHOD")
+                             "hybrid: per round the suffix lookup's proposal or the draft replicas', "
+                             "whichever the K controller expects to commit tokens faster (with fixed K: "
+                             "the lookup where its match is strong); ngram / suffix: as --draft local:METHOD")
     parser.add_argument("--suffix-cache", choices=SUFFIX_CACHE_MODES, default=default_of(LookupConfig, "suffix_cache"),
                         help="what the suffix lookup knows: the request's own tokens (session), or "
                              "also a bounded cache of recent outputs of all requests (shared)")

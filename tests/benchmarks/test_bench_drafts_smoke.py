@@ -83,7 +83,9 @@ def test_metrics_by_method_add_up_to_the_request_stats(quick_run):
             for run in runs:
                 for name, count in run[f"{key}_by_method"].items():
                     expected[name] = expected.get(name, 0) + count
-            assert {name: value for name, value in scraped[key].items() if value} == expected, (orchestrator, key)
+            # a counter at 0 may be absent from /metrics and present (as 0) in the stats
+            assert ({name: value for name, value in scraped[key].items() if value}
+                    == {name: value for name, value in expected.items() if value}), (orchestrator, key)
 
 
 def test_greedy_outputs_equal_target_only(quick_run):

@@ -327,7 +327,8 @@ def _joint_law(model, config: sampling.Config, prompt: list[int]) -> torch.Tenso
     return (first[:, None, None] * second[:, :, None] * third).reshape(-1)
 
 
-async def _sample_many(address: str, config: sampling.Config, prompt: list[int]):
+async def _sample_many(address: str, config: sampling.Config, prompt: list[int], adaptive: bool = False):
+    # adaptive: the controller chooses after each lookup how many of its tokens to verify
     semaphore = asyncio.Semaphore(sampling.IN_FLIGHT)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
@@ -336,8 +337,9 @@ async def _sample_many(address: str, config: sampling.Config, prompt: list[int])
             request = pb.GenerateRequest(
                 prompt_token_ids=prompt, max_new_tokens=sampling.MAX_NEW_TOKENS,
                 sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
-                speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED,
-                                                 num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS))
+                speculation=pb.SpeculationConfig(
+                    mode=pb.SPECULATION_MODE_ADAPTIVE if adaptive else pb.SPECULATION_MODE_FIXED,
+                    num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS))
             async with semaphore:
                 tokens, last = [], None
                 async for response in stub.Generate(request, timeout=sampling.TIMEOUT):
@@ -355,15 +357,16 @@ def sampling_target_dir(tmp_path_factory):
     return tiny_models.save(sampling._small_model(seed=11), root / "target", with_tokenizer=False)
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix"])
-def test_sampled_lookup_output_follows_the_target_law(loop_thread, sampling_target_dir, method):
+@pytest.mark.parametrize(("method", "adaptive"), [("ngram", False), ("suffix", False), ("suffix", True)])
+def test_sampled_lookup_output_follows_the_target_law(loop_thread, sampling_target_dir, method, adaptive):
     lookup = LookupConfig(ngram_min=1, suffix_min_share=0.05)
     running = loop_thread.run(start_lookup_stack(sampling_target_dir, None, method,
                                                  num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS,
                                                  lookup=lookup))
     try:
-        config = replace(sampling.CONFIGS["temperature_1"], first_seed=40_000 + (method == "suffix") * 1000)
-        results = loop_thread.run(_sample_many(running.address, config, SAMPLING_PROMPT))
+        first_seed = 40_000 + (method == "suffix") * 1000 + adaptive * 2000
+        config = replace(sampling.CONFIGS["temperature_1"], first_seed=first_seed)
+        results = loop_thread.run(_sample_many(running.address, config, SAMPLING_PROMPT, adaptive))
     finally:
         loop_thread.run(running.stop())
     assert all(len(tokens) == sampling.MAX_NEW_TOKENS for tokens, _ in results)

@@ -20,7 +20,8 @@ def test_ngram_proposes_the_continuation_of_the_most_recent_match():
     tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3]
     lookup = proposer.propose(tokens, k=2)
     assert lookup.token_ids == (7, 8)  # the later of the two earlier [1, 2, 3]
-    assert lookup.match_length == 3 and lookup.confidence == 3.0
+    assert lookup.match_length == 3
+    assert lookup.match_lengths == (3, 4)  # the second token continues the same match
 
 
 def test_ngram_prefers_longer_matches_and_falls_back_to_shorter():
@@ -86,7 +87,9 @@ def test_suffix_follows_the_most_frequent_continuation():
     # after [.., 1, 2]: 3 twice, 4 once -> 3, then [1, 2, 3] -> 1, then -> 2
     assert lookup.token_ids[0] == 3
     assert lookup.token_ids == (3, 1, 2)
-    assert 0 < lookup.confidence <= 1
+    # contexts matched: [1, 2]; then [1, 2, 3]; then [1, 2, 3, 1] (the proposed tokens included)
+    assert lookup.match_lengths == (2, 3, 4)
+    assert lookup.truncated(2).token_ids == (3, 1) and lookup.truncated(2).match_lengths == (2, 3)
 
 
 def test_suffix_stops_when_no_continuation_is_frequent_enough():
@@ -235,7 +238,7 @@ def test_lookup_reply_is_one_hot_when_sampling():
     from specdec.lookup import Lookup
     from specdec.protocol import SamplingParams, SparseDistribution
 
-    found = Lookup((4, 7), 2.0, 2)
+    found = Lookup((4, 7), (2, 3))
     greedy = lookup_reply(found, SamplingParams(), "s", 10, 1e-5).value
     assert greedy.token_ids == (4, 7) and greedy.distributions == () and greedy.fed_tokens == 0
     sampled = lookup_reply(found, SamplingParams(temperature=0.8), "s", 10, 1e-5).value
