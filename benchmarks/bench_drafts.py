@@ -78,13 +78,14 @@ class Run:
         return self.target_rows - self.prompt_tokens
 
 
-def orchestrator_args(method: str, draft_address: str, suffix_cache: str, max_k: int) -> list[str]:
+def orchestrator_args(method: str, draft_address: str, suffix_cache: str, max_k: int | None) -> list[str]:
     """The flags that give an orchestrator its draft method."""
     draft = {"ngram": ["--draft", "local:ngram"], "suffix": ["--draft", "local:suffix"],
              "model": ["--draft", draft_address],
              "hybrid": ["--draft", draft_address, "--draft-method", "hybrid"]}[method]
     return [*draft, "--suffix-cache", suffix_cache, "--speculation", "adaptive",
-            "--max-num-speculative-tokens", str(max_k), "--port", "0", "--metrics-port", "0"]
+            *(["--max-num-speculative-tokens", str(max_k)] if max_k is not None else []),
+            "--port", "0", "--metrics-port", "0"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -103,7 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"comma-separated, from {', '.join(METHODS)} (target-only is always run)")
     parser.add_argument("--k", type=int, default=0,
                         help="fixed K per round (0: the adaptive controller, up to --max-k)")
-    parser.add_argument("--max-k", type=int, default=8, help="adaptive K's maximum")
+    parser.add_argument("--max-k", type=int, default=None,
+                        help="adaptive K's maximum (default: the orchestrator's own, as a user starts it)")
     parser.add_argument("--suffix-cache", choices=("session", "shared"), default="session",
                         help="the suffix and hybrid orchestrators' --suffix-cache (shared: outputs of "
                              "earlier requests help later ones, the same prompt at both temperatures "

@@ -1,7 +1,8 @@
 """One request's guess-verify loop.
 
-The orchestrator owns the committed sequence C. It prefills the draft and the target together,
-then runs rounds: the K policy picks K, the draft proposes K tokens (no draft call at K = 0), the
+The orchestrator owns the committed sequence C. It prefills the draft and the target together
+(the first token does not wait for the draft; under hybrid the draft gets C only when the model is
+first needed), then runs rounds: the K policy picks K, the draft proposes K tokens (no draft call at K = 0), the
 target verifies them in one pass, and the accepted drafts plus the target's next token join C.
 What is committed streams out as it comes. Where the sessions live and how they survive a lost
 replica is orchestrator/recovery.py's business; docs/architecture.md has the whole picture.
@@ -119,7 +120,9 @@ class Generation:
         if self.guard is not None:
             self.guard.enter()
         try:
-            first = await self.replicas.prefill(self.committed, self.uses_model_draft)
+            # Hybrid sends the draft its prompt only when the model is first needed.
+            first = await self.replicas.prefill(self.committed, self.uses_model_draft,
+                                                defer_draft=self.local_draft is not None)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             chunk = self._commit([first])
             while chunk.finish_reason is None:
@@ -139,6 +142,8 @@ class Generation:
 
     async def _round(self) -> list[int]:
         """One guess-verify round; returns the tokens it commits (accepted drafts + next token)."""
+        if self.uses_model_draft and self.local_draft is None:
+            await self.replicas.settle_draft(self.committed)  # the first token did not wait for it
         if self.uses_model_draft and not self.replicas.has_draft:
             await self.replicas.reattach_draft_if_due(self.committed)
         can_draft = self.local_draft is not None or self.replicas.has_draft
@@ -166,7 +171,7 @@ class Generation:
                 method = self.replicas.draft_method
             elif num_speculative_tokens > 0 or self.local_draft is not None:
                 proposed, method, matched = await self._propose(num_speculative_tokens, max_num_speculative_tokens)
-            if self.uses_model_draft and not self.replicas.has_draft:
+            if self.uses_model_draft and not self.replicas.has_draft and not self.replicas.draft_attaching:
                 self.stats.draft_unavailable_rounds += 1
             proposal = proposed.value if proposed else NO_PROPOSAL
             if ahead_call is not None:
@@ -261,9 +266,9 @@ class Generation:
         match length. With a lookup draft the lookup answers first (it costs next to nothing): the
         adaptive controller, asked after seeing it, verifies as many of its tokens as pay, or none
         (orchestrator/lookup_policy.py); other policies take up to their K of it, and hybrid only
-        on a strong match. Without the lookup's tokens, hybrid's model draft proposes K (and a
-        lookup draft alone runs the round at K = 0)."""
-        model_draft = self.replicas.has_draft
+        on a strong match. Without the lookup's tokens, hybrid's model draft proposes K (its first
+        Prefill sent only then), and a lookup draft alone runs the round at K = 0."""
+        model_draft = self.replicas.has_draft or self.replicas.draft_attaching
         if self.local_draft is not None:
             chooser = self.policy if isinstance(self.policy, LookupChooser) else None
             asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
@@ -279,6 +284,9 @@ class Generation:
                                      seconds)
                 return reply, self.local_draft.lookup_method, taken.match_lengths
         if num_speculative_tokens > 0 and model_draft:
+            await self.replicas.settle_draft(self.committed)
+            if not self.replicas.has_draft:
+                return None, "", ()  # its prefill failed: K = 0 until it is reattached
             reply = await self.replicas.propose(self.committed, num_speculative_tokens)
             return reply, self.replicas.draft_method, ()  # the replica that answered: a model or a lookup
         return None, "", ()

@@ -11,6 +11,9 @@
 - A lost draft: SessionLost (it dropped the session or is out of step) is answered by one
   re-prefill; anything else drops the draft, and rounds go on at K = 0 (the target alone decodes,
   still exactly) until a draft replica takes the session again every draft_retry_rounds rounds.
+- The draft's first Prefill runs beside the target's and is not waited for by the first token:
+  the loop waits for it when it first needs the model draft. Under hybrid it is not even sent
+  until then: a request that the lookup serves alone never takes a draft replica's session.
 - Every replica a Prefill was sent to gets a Release when the request ends, however it ends: a
   cancelled Prefill may still have made the session there.
 
@@ -94,21 +97,38 @@ class SessionReplicas:
         # Every replica that may hold a cache of this session, by (role, address).
         self._holders: dict[tuple[str, str], Replica[TargetClient] | Replica[DraftClient]] = {}
         self._rounds_without_draft = 0
+        self._draft_attaching: asyncio.Task[None] | None = None  # the first draft Prefill, in flight
+        self._draft_deferred = False  # the first draft Prefill waits until the draft is needed
 
     # -- prefill --------------------------------------------------------------------------------
 
-    async def prefill(self, committed: Sequence[int], speculate: bool) -> int:
-        """Both sides at once; returns the target's first token. A draft that no replica takes
-        leaves the session at K = 0 for now."""
-        draft_task = asyncio.create_task(self._attach_draft(committed) if speculate else asyncio.sleep(0))
-        try:
-            first = await self._place_target(committed, resume=False)
-        except BaseException:
-            draft_task.cancel()
-            raise
-        await draft_task
+    async def prefill(self, committed: Sequence[int], speculate: bool, defer_draft: bool = False) -> int:
+        """Both sides at once; returns the target's first token as soon as the target has it. The
+        draft's Prefill goes on (settle_draft waits for it), or with defer_draft is sent only by
+        the first settle_draft; a draft that no replica takes leaves the session at K = 0 for now."""
+        if speculate and defer_draft:
+            self._draft_deferred = True
+        elif speculate:
+            self._draft_attaching = asyncio.create_task(self._attach_draft(list(committed)))
+        first = await self._place_target(committed, resume=False)
         assert first is not None
         return first
+
+    @property
+    def draft_attaching(self) -> bool:
+        """The draft's first Prefill is still to come: in flight, or deferred until needed."""
+        return self._draft_deferred or (self._draft_attaching is not None and not self._draft_attaching.done())
+
+    async def settle_draft(self, committed: Sequence[int]) -> None:
+        """Waits for the draft's first Prefill (sending it now, of committed, if it was deferred);
+        has_draft tells how it ended."""
+        if self._draft_deferred:
+            self._draft_deferred = False
+            await self._attach_draft(committed)
+            return
+        attaching, self._draft_attaching = self._draft_attaching, None
+        if attaching is not None:
+            await attaching
 
     async def _place_target(self, committed: Sequence[int], resume: bool,
                             exclude: frozenset[str] = frozenset()) -> int | None:
@@ -182,7 +202,13 @@ class SessionReplicas:
         return proposal_method(info.model_id) if info is not None else "model"
 
     async def reattach_draft_if_due(self, committed: Sequence[int]) -> None:
-        """Called once per round while the session has no draft."""
+        """Called once per round while the session has no draft (none while its first Prefill is
+        still in flight)."""
+        if self.draft_attaching:
+            return
+        await self.settle_draft(committed)  # a first Prefill that ended: its outcome is in self.draft
+        if self.draft is not None:
+            return
         self._rounds_without_draft += 1
         if self._rounds_without_draft >= self.draft_retry_rounds:
             await self._attach_draft(committed)
@@ -300,6 +326,9 @@ class SessionReplicas:
         """Releases the session on both sides, and on any replica a Prefill reached. Not awaited:
         a cancelled request must not wait (or be cancelled again) here, and a finished stream
         ends for its client without waiting for a slow replica's Release."""
+        if self._draft_attaching is not None:
+            self._draft_attaching.cancel()  # its replica is among the holders: released below
+            self._draft_attaching = None
         for placement in (self.target, self.draft):
             if placement is not None:
                 placement.lease.end()

@@ -39,8 +39,9 @@ MAX_NEW_TOKENS = 32
 
 
 class LookupStack:
-    def __init__(self, servers, service):
+    def __init__(self, servers, service, draft=None):
         self.servers, self.service = servers, service
+        self.draft = draft  # the draft service (model or hybrid), if one was started
 
     @property
     def address(self) -> str:
@@ -57,8 +58,9 @@ async def start_lookup_stack(target_dir, draft_dir, draft_method: str, num_specu
                              **target_service) -> LookupStack:
     target_server, _ = await stack_module.start_target(target_dir, **target_service)
     servers = [target_server]
+    draft_service = None
     if draft_method in ("hybrid", "model"):
-        draft_server, _ = await stack_module.start_draft(draft_dir)
+        draft_server, draft_service = await stack_module.start_draft(draft_dir)
         servers.append(draft_server)
         draft = f"127.0.0.1:{draft_server.port}"
     else:
@@ -71,7 +73,7 @@ async def start_lookup_stack(target_dir, draft_dir, draft_method: str, num_specu
     )
     orchestrator_server, service = await orchestrator.server.start(
         config, ServerConfig(port=0, interceptors=orchestrator_interceptors))
-    return LookupStack([*servers, orchestrator_server], service)
+    return LookupStack([*servers, orchestrator_server], service, draft_service)
 
 
 def _repetitive_prompts(vocab_size: int, count: int = 8) -> list[list[int]]:
@@ -96,9 +98,10 @@ def references(reference_target):
     return table
 
 
-async def _generate(service, prompt, sampling=SamplingParams(), speculation=Speculation(mode="fixed")):
+async def _generate(service, prompt, sampling=SamplingParams(), speculation=Speculation(mode="fixed"),
+                    max_new_tokens=MAX_NEW_TOKENS):
     tokens, last = [], None
-    async for chunk in service.generate(PromptInput(prompt_token_ids=tuple(prompt)), MAX_NEW_TOKENS,
+    async for chunk in service.generate(PromptInput(prompt_token_ids=tuple(prompt)), max_new_tokens,
                                         sampling, speculation=speculation):
         tokens.extend(chunk.token_ids)
         last = chunk
@@ -378,6 +381,27 @@ def test_sampled_lookup_output_follows_the_target_law(loop_thread, sampling_targ
     p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(tokens), law)
     assert p_value > sampling.ALPHA, f"{method}: {summary}"
 
+
+
+def test_hybrid_sends_the_draft_its_prompt_only_when_the_model_is_needed(loop_thread, tiny_pair, references):
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, "hybrid"))
+    try:
+        prompt, expected = next(iter(references.items()))
+        # One token: the target's prefill gives it; no round ran, so the draft never got the
+        # prompt (no forward pass there at all).
+        passes = running.draft.info().passes_total
+        tokens, stats = loop_thread.run(_generate(running.service, prompt, max_new_tokens=1))
+        loop_thread.run(asyncio.sleep(0.2))  # a Prefill sent anyway would have run by now
+        assert tokens == expected[:1]
+        assert stats.draft_replica == "" and running.draft.info().passes_total == passes
+        # Distinct prompt tokens: no lookup match at first, so the model draft proposes, its
+        # Prefill sent then (of everything committed so far).
+        distinct = list(range(3, 23))
+        tokens, stats = loop_thread.run(_generate(running.service, distinct))
+        assert stats.draft_replica != "" and stats.drafted_by_method.get("model", 0) > 0
+        assert len(tokens) == MAX_NEW_TOKENS
+    finally:
+        loop_thread.run(running.stop())
 
 
 def test_hybrid_without_its_draft_model_goes_on_with_the_lookup(loop_thread, tiny_pair, references):
