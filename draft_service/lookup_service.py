@@ -156,7 +156,8 @@ class LookupDraftService(SessionService[LookupSessionState]):
             found = state.proposer.propose(state.committed, num_speculative_tokens)
             distributions = () if state.sampling.greedy else tuple(
                 SparseDistribution((token,), (1.0,)) for token in found.token_ids)
-            return new_length, Proposal(found.token_ids, distributions, fed_tokens=0)
+            return new_length, Proposal(found.token_ids, distributions, fed_tokens=0,
+                                        match_lengths=found.match_lengths)
             yield  # a generator: the service's job form, run inline
 
         return await self.call(handle, apply)

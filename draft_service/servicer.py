@@ -62,6 +62,7 @@ def _propose_response(handle: Handle, proposal: Proposal, timing: Timing) -> dra
         draft_distributions=[convert.distribution_to_proto(d) for d in proposal.distributions],
         **convert.timing_fields(timing),
         fed_tokens=proposal.fed_tokens,
+        match_lengths=list(proposal.match_lengths),
     )
 
 

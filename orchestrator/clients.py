@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -160,8 +160,8 @@ def _proposal(message: Any, fed_tokens: int = 0) -> Proposal:
 
 
 def _proposal_reply(response: draft_pb2.ProposeResponse, wall_seconds: float) -> Reply[Proposal]:
-    return Reply(convert.handle_from_proto(response.handle), _proposal(response, response.fed_tokens),
-                 _timing(wall_seconds, response))
+    proposal = replace(_proposal(response, response.fed_tokens), match_lengths=tuple(response.match_lengths))
+    return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall_seconds, response))
 
 
 class TargetClient(ReplicaClient):

@@ -207,8 +207,7 @@ class Generation:
         committed_length, proposal = expected
         if committed_length != len(self.committed):  # the round's tokens were cut (a stop string)
             return None
-        count = min(num_speculative_tokens, proposal.num_speculative_tokens)
-        return Proposal(proposal.token_ids[:count], proposal.distributions[:count])
+        return proposal.first(min(num_speculative_tokens, proposal.num_speculative_tokens))
 
     def _keep_branch(self, ahead: DraftedAhead, timing: CallTiming, proposal: Proposal, outcome: VerifyOutcome,
                      plan: AheadPlan, committed_length: int, own_call: bool) -> None:
@@ -267,10 +266,11 @@ class Generation:
         adaptive controller, asked after seeing it, verifies as many of its tokens as pay, or none
         (orchestrator/lookup_policy.py); other policies take up to their K of it, and hybrid only
         on a strong match. Without the lookup's tokens, hybrid's model draft proposes K (its first
-        Prefill sent only then), and a lookup draft alone runs the round at K = 0."""
+        Prefill sent only then), and a lookup draft alone runs the round at K = 0. A draft replica
+        that serves a lookup is treated alike: asked for the round's maximum, then chosen from."""
         model_draft = self.replicas.has_draft or self.replicas.draft_attaching
+        chooser = self.policy if isinstance(self.policy, LookupChooser) else None
         if self.local_draft is not None:
-            chooser = self.policy if isinstance(self.policy, LookupChooser) else None
             asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
             found, seconds = self.local_draft.lookup(self.committed, asked)
             self.stats.draft_seconds += seconds  # no hop: no call for the observer either
@@ -287,8 +287,17 @@ class Generation:
             await self.replicas.settle_draft(self.committed)
             if not self.replicas.has_draft:
                 return None, "", ()  # its prefill failed: K = 0 until it is reattached
-            reply = await self.replicas.propose(self.committed, num_speculative_tokens)
-            return reply, self.replicas.draft_method, ()  # the replica that answered: a model or a lookup
+            method = self.replicas.draft_method  # of the replica that answers: a model's, or a lookup's
+            replica_lookup = chooser is not None and method != "model"
+            asked = max_num_speculative_tokens if replica_lookup else num_speculative_tokens
+            reply = await self.replicas.propose(self.committed, asked)
+            if reply is None or not replica_lookup:
+                return reply, method, ()
+            proposal = reply.value
+            if len(proposal.match_lengths) != proposal.num_speculative_tokens:  # sent none: up to K, as asked of a model
+                return Reply(reply.handle, proposal.first(num_speculative_tokens), reply.timing), method, ()
+            taken = proposal.first(chooser.choose_lookup(proposal.match_lengths, None))
+            return Reply(reply.handle, taken, reply.timing), method, taken.match_lengths
         return None, "", ()
 
     def _max_num_speculative_tokens(self) -> int:

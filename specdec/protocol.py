@@ -75,10 +75,17 @@ class Proposal:
     token_ids: tuple[int, ...]  # (K,)
     distributions: tuple[SparseDistribution, ...] = ()  # (K,) when sampling, () when greedy
     fed_tokens: int = 0  # tokens the draft fed for it: catch-up plus d1 .. d(K-1)
+    # A lookup's proposal: the match each token rests on, in context tokens ((K,); () from a model)
+    match_lengths: tuple[int, ...] = ()
 
     @property
     def num_speculative_tokens(self) -> int:
         return len(self.token_ids)
+
+    def first(self, count: int) -> Proposal:
+        """The first count drafts (with their q~ and match lengths)."""
+        return Proposal(self.token_ids[:count], self.distributions[:count], self.fed_tokens,
+                        self.match_lengths[:count])
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class ProposeRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., new_committed_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("handle", "draft_token_ids", "draft_distributions", "compute_seconds", "queue_seconds", "fed_tokens", "pass_rows", "pass_sessions")
+    __slots__ = ("handle", "draft_token_ids", "draft_distributions", "compute_seconds", "queue_seconds", "fed_tokens", "pass_rows", "pass_sessions", "match_lengths")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class ProposeResponse(_message.Message):
     FED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
     PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MATCH_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
@@ -59,7 +60,8 @@ class ProposeResponse(_message.Message):
     fed_tokens: int
     pass_rows: float
     pass_sessions: float
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., fed_tokens: _Optional[int] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...
+    match_lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., fed_tokens: _Optional[int] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., match_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SpeculateRequest(_message.Message):
     __slots__ = ("propose", "fanout", "branch_num_speculative_tokens")

@@ -280,6 +280,10 @@ def test_a_lookup_draft_service_keeps_the_target_output_and_names_its_method(loo
                 assert stats.drafted_tokens == sum(stats.drafted_by_method.values())
                 assert stats.draft_replica == "lookup-0"
                 accepted += stats.accepted_by_method.get(method, 0)
+                # The replica sends each draft's match length: the adaptive controller weighs
+                # its proposals by it, as it does the orchestrator's own lookup's.
+                weighed = any(name.startswith("lookup_alpha_match_") for name in stats.controller_estimates)
+                assert weighed == (mode == "adaptive" and stats.drafted_tokens > 0), (mode, stats.controller_estimates)
         assert accepted > 0
         assert lookup_service.worker.counters.passes_total == 0  # no forward pass, ever
     finally:
