@@ -262,43 +262,55 @@ class Generation:
     async def _propose(self, num_speculative_tokens: int, max_num_speculative_tokens: int
                        ) -> tuple[Reply[Proposal] | None, str, tuple[int, ...]]:
         """The round's drafts, the method that proposed them and, for a lookup's, each token's
-        match length. With a lookup draft the lookup answers first (it costs next to nothing): the
-        adaptive controller, asked after seeing it, verifies as many of its tokens as pay, or none
-        (orchestrator/lookup_policy.py); other policies take up to their K of it, and hybrid only
-        on a strong match. Without the lookup's tokens, hybrid's model draft proposes K (its first
-        Prefill sent only then), and a lookup draft alone runs the round at K = 0. A draft replica
-        that serves a lookup is treated alike: asked for the round's maximum, then chosen from."""
+        match length. The orchestrator's lookup answers first (it costs next to nothing); without
+        its tokens, hybrid's model draft proposes K (its first Prefill sent only then), and a
+        lookup draft alone runs the round at K = 0."""
         model_draft = self.replicas.has_draft or self.replicas.draft_attaching
-        chooser = self.policy if isinstance(self.policy, LookupChooser) else None
         if self.local_draft is not None:
-            asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
-            found, seconds = self.local_draft.lookup(self.committed, asked)
-            self.stats.draft_seconds += seconds  # no hop: no call for the observer either
-            if chooser is not None:
-                model_k = num_speculative_tokens if self.local_draft.uses_model and model_draft else None
-                taken = found.truncated(chooser.choose_lookup(found.match_lengths, model_k))
-            else:
-                taken = found if self.local_draft.takes(found) or not model_draft else NO_LOOKUP
-            if taken.token_ids:
-                reply = lookup_reply(taken, self.request.sampling, self.replicas.session_id, len(self.committed),
-                                     seconds)
-                return reply, self.local_draft.lookup_method, taken.match_lengths
+            reply = self._local_proposal(self.local_draft, num_speculative_tokens, max_num_speculative_tokens,
+                                         model_draft)
+            if reply is not None:
+                return reply, self.local_draft.lookup_method, reply.value.match_lengths
         if num_speculative_tokens > 0 and model_draft:
             await self.replicas.settle_draft(self.committed)
-            if not self.replicas.has_draft:
-                return None, "", ()  # its prefill failed: K = 0 until it is reattached
-            method = self.replicas.draft_method  # of the replica that answers: a model's, or a lookup's
-            replica_lookup = chooser is not None and method != "model"
-            asked = max_num_speculative_tokens if replica_lookup else num_speculative_tokens
-            reply = await self.replicas.propose(self.committed, asked)
-            if reply is None or not replica_lookup:
-                return reply, method, ()
-            proposal = reply.value
-            if len(proposal.match_lengths) != proposal.num_speculative_tokens:  # sent none: up to K, as asked of a model
-                return Reply(reply.handle, proposal.first(num_speculative_tokens), reply.timing), method, ()
-            taken = proposal.first(chooser.choose_lookup(proposal.match_lengths, None))
-            return Reply(reply.handle, taken, reply.timing), method, taken.match_lengths
-        return None, "", ()
+            if self.replicas.has_draft:
+                return await self._replica_proposal(num_speculative_tokens, max_num_speculative_tokens)
+        return None, "", ()  # (a draft whose prefill failed: K = 0 until it is reattached)
+
+    def _local_proposal(self, local_draft: LocalDraft, num_speculative_tokens: int, max_num_speculative_tokens: int,
+                        model_draft: bool) -> Reply[Proposal] | None:
+        """The lookup's proposal, or None to go without it. The adaptive controller, asked after
+        seeing it, verifies as many of its tokens as pay, or none (orchestrator/lookup_policy.py);
+        other policies take up to their K of it, and hybrid only on a strong match."""
+        chooser = self.policy if isinstance(self.policy, LookupChooser) else None
+        asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
+        found, seconds = local_draft.lookup(self.committed, asked)
+        self.stats.draft_seconds += seconds  # no hop: no call for the observer either
+        if chooser is not None:
+            model_k = num_speculative_tokens if local_draft.uses_model and model_draft else None
+            taken = found.truncated(chooser.choose_lookup(found.match_lengths, model_k))
+        else:
+            taken = found if local_draft.takes(found) or not model_draft else NO_LOOKUP
+        if not taken.token_ids:
+            return None
+        return lookup_reply(taken, self.request.sampling, self.replicas.session_id, len(self.committed), seconds)
+
+    async def _replica_proposal(self, num_speculative_tokens: int, max_num_speculative_tokens: int
+                                ) -> tuple[Reply[Proposal] | None, str, tuple[int, ...]]:
+        """The draft replica's proposal of K tokens. A replica that serves a lookup is treated as
+        the orchestrator's own lookup: asked for the round's maximum, then chosen from by the
+        match lengths it sends (adaptive K only)."""
+        method = self.replicas.draft_method  # of the replica that answers: a model's, or a lookup's
+        chooser = self.policy if isinstance(self.policy, LookupChooser) and method != "model" else None
+        asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
+        reply = await self.replicas.propose(self.committed, asked)
+        if reply is None or chooser is None:
+            return reply, method, ()
+        proposal = reply.value
+        if len(proposal.match_lengths) != proposal.num_speculative_tokens:  # none sent: up to K
+            return Reply(reply.handle, proposal.first(num_speculative_tokens), reply.timing), method, ()
+        taken = proposal.first(chooser.choose_lookup(proposal.match_lengths, None))
+        return Reply(reply.handle, taken, reply.timing), method, taken.match_lengths
 
     def _max_num_speculative_tokens(self) -> int:
         """K <= the servers' limit, the tokens still to generate minus one, the context left minus one."""

@@ -158,8 +158,9 @@ class LocalDraft:
 
 def lookup_reply(found: Lookup, sampling: SamplingParams, session_id: str, committed_length: int,
                  seconds: float) -> Reply[Proposal]:
-    """A lookup's proposal as a draft's reply: one-hot q~ when sampling; its time as compute."""
+    """A lookup's proposal as a draft's reply: one-hot q~ when sampling, its match lengths; its
+    time as compute."""
     distributions = () if sampling.greedy else tuple(
         SparseDistribution((token,), (1.0,)) for token in found.token_ids)
-    proposal = Proposal(token_ids=found.token_ids, distributions=distributions)
+    proposal = Proposal(token_ids=found.token_ids, distributions=distributions, match_lengths=found.match_lengths)
     return Reply(Handle(session_id, "local", committed_length, 0), proposal, CallTiming(seconds, seconds))

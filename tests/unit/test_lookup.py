@@ -241,6 +241,7 @@ def test_lookup_reply_is_one_hot_when_sampling():
     found = Lookup((4, 7), (2, 3))
     greedy = lookup_reply(found, SamplingParams(), "s", 10, 1e-5).value
     assert greedy.token_ids == (4, 7) and greedy.distributions == () and greedy.fed_tokens == 0
+    assert greedy.match_lengths == (2, 3)
     sampled = lookup_reply(found, SamplingParams(temperature=0.8), "s", 10, 1e-5).value
     assert sampled.distributions == (SparseDistribution((4,), (1.0,)), SparseDistribution((7,), (1.0,)))
 
