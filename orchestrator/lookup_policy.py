@@ -74,6 +74,8 @@ def best_lookup_k(alphas: Sequence[float], costs: RoundCosts) -> tuple[int, floa
 
 @dataclass(frozen=True)
 class LookupConfidenceConfig:
+    """Settings of LookupAcceptance."""
+
     prior_alpha: float = 0.5  # a bucket's alpha before anything is known of it
     prior_strength: float = 4.0  # pseudo-trials behind the prior (the pool's or the default)
     decay: float = 0.99  # fraction of a bucket's counts kept per token of it tested
@@ -175,9 +177,9 @@ def choose_lookup_k(acceptance: LookupAcceptance, match_lengths: Sequence[int], 
                     model_seconds_per_token: float | None) -> int:
     """How many of a lookup's tokens to verify: 0 (the round goes without them: the model's, or
     K = 0) or k*; under hybrid only when k* is expected to commit tokens at fewer seconds each
-    than the model's round
-    (model_seconds_per_token; None: no model draft this round). costs: the session's round costs
-    (any draft figures in them are ignored); None before the first verify: all of the lookup."""
+    than the model's round (model_seconds_per_token; None: no model draft this round). costs: the
+    session's round costs (any draft figures in them are ignored); None before the first verify:
+    all of the lookup."""
     if not match_lengths:
         return 0
     if costs is None:
