@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.k_policy import KPolicy, LookupChooser, RoundObservation
@@ -156,7 +156,6 @@ class Generation:
         if num_speculative_tokens > 0 and self.local_draft is None and self.replicas.has_draft:
             plan = self.pipeline.plan(num_speculative_tokens, self.limits.max_num_speculative_tokens)
         proposed, method, ahead_call = None, "", None
-        matched: tuple[int, ...] = ()  # a lookup's proposal: its tokens' match lengths
         if branch is not None:  # drafted ahead last round: the target gets it at once
             proposal = branch
             self.stats.pipeline_hits += 1
@@ -170,7 +169,7 @@ class Generation:
                     proposed, ahead_call = started
                 method = self.replicas.draft_method
             elif num_speculative_tokens > 0 or self.local_draft is not None:
-                proposed, method, matched = await self._propose(num_speculative_tokens, max_num_speculative_tokens)
+                proposed, method = await self._propose(num_speculative_tokens, max_num_speculative_tokens)
             if self.uses_model_draft and not self.replicas.has_draft and not self.replicas.draft_attaching:
                 self.stats.draft_unavailable_rounds += 1
             proposal = proposed.value if proposed else NO_PROPOSAL
@@ -191,7 +190,7 @@ class Generation:
                                         outcome.num_accepted)
         self.policy.observe(_observation(proposed, verified, proposal, hit=branch is not None,
                                          drafting_ahead=plan.drafts_ahead and draft_side is not None,
-                                         lookup_match_lengths=matched))
+                                         lookup_match_lengths=proposal.match_lengths))
         committed = [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
         if ahead is not None:
             own_call = branch is not None  # after a hit the branches came on a call of their own
@@ -260,22 +259,22 @@ class Generation:
             call.cancel()  # the stream has ended; nothing is cancelled but an unread end
 
     async def _propose(self, num_speculative_tokens: int, max_num_speculative_tokens: int
-                       ) -> tuple[Reply[Proposal] | None, str, tuple[int, ...]]:
-        """The round's drafts, the method that proposed them and, for a lookup's, each token's
-        match length. The orchestrator's lookup answers first (it costs next to nothing); without
-        its tokens, hybrid's model draft proposes K (its first Prefill sent only then), and a
-        lookup draft alone runs the round at K = 0."""
+                       ) -> tuple[Reply[Proposal] | None, str]:
+        """The round's drafts and the method that proposed them (a lookup's proposal carries each
+        token's match length). The orchestrator's lookup answers first (it costs next to nothing);
+        without its tokens, hybrid's model draft proposes K (its first Prefill sent only then), and
+        a lookup draft alone runs the round at K = 0."""
         model_draft = self.replicas.has_draft or self.replicas.draft_attaching
         if self.local_draft is not None:
             reply = self._local_proposal(self.local_draft, num_speculative_tokens, max_num_speculative_tokens,
                                          model_draft)
             if reply is not None:
-                return reply, self.local_draft.lookup_method, reply.value.match_lengths
+                return reply, self.local_draft.lookup_method
         if num_speculative_tokens > 0 and model_draft:
             await self.replicas.settle_draft(self.committed)
             if self.replicas.has_draft:
                 return await self._replica_proposal(num_speculative_tokens, max_num_speculative_tokens)
-        return None, "", ()  # (a draft whose prefill failed: K = 0 until it is reattached)
+        return None, ""  # (a draft whose prefill failed: K = 0 until it is reattached)
 
     def _local_proposal(self, local_draft: LocalDraft, num_speculative_tokens: int, max_num_speculative_tokens: int,
                         model_draft: bool) -> Reply[Proposal] | None:
@@ -288,7 +287,7 @@ class Generation:
         self.stats.draft_seconds += seconds  # no hop: no call for the observer either
         if chooser is not None:
             model_k = num_speculative_tokens if local_draft.uses_model and model_draft else None
-            taken = found.truncated(chooser.choose_lookup(found.match_lengths, model_k))
+            taken = found.first(chooser.choose_lookup(found.match_lengths, model_k))
         else:
             taken = found if local_draft.takes(found) or not model_draft else NO_LOOKUP
         if not taken.token_ids:
@@ -296,7 +295,7 @@ class Generation:
         return lookup_reply(taken, self.request.sampling, self.replicas.session_id, len(self.committed), seconds)
 
     async def _replica_proposal(self, num_speculative_tokens: int, max_num_speculative_tokens: int
-                                ) -> tuple[Reply[Proposal] | None, str, tuple[int, ...]]:
+                                ) -> tuple[Reply[Proposal] | None, str]:
         """The draft replica's proposal of K tokens. A replica that serves a lookup is treated as
         the orchestrator's own lookup: asked for the round's maximum, then chosen from by the
         match lengths it sends (adaptive K only)."""
@@ -305,12 +304,13 @@ class Generation:
         asked = max_num_speculative_tokens if chooser is not None else num_speculative_tokens
         reply = await self.replicas.propose(self.committed, asked)
         if reply is None or chooser is None:
-            return reply, method, ()
+            return reply, method
         proposal = reply.value
         if len(proposal.match_lengths) != proposal.num_speculative_tokens:  # none sent: up to K
-            return Reply(reply.handle, proposal.first(num_speculative_tokens), reply.timing), method, ()
-        taken = proposal.first(chooser.choose_lookup(proposal.match_lengths, None))
-        return Reply(reply.handle, taken, reply.timing), method, taken.match_lengths
+            taken = replace(proposal.first(num_speculative_tokens), match_lengths=())
+        else:
+            taken = proposal.first(chooser.choose_lookup(proposal.match_lengths, None))
+        return Reply(reply.handle, taken, reply.timing), method
 
     def _max_num_speculative_tokens(self) -> int:
         """K <= the servers' limit, the tokens still to generate minus one, the context left minus one."""

@@ -3,7 +3,8 @@
 - NgramProposer (prompt lookup): the last n tokens of the session (n from max_n down to min_n)
   are looked up among earlier positions of the same session (prompt + output so far); the most
   recent earlier occurrence's continuation is the proposal (a continuation that reaches the end of
-  C repeats the pattern). Confidence: the matched n.
+  C repeats the pattern). The i-th proposed token rests on a match of n + i tokens (the matched
+  n-gram and the i proposed tokens before it, which continue the same earlier occurrence).
 - SuffixProposer: a suffix structure of bounded depth over the session's tokens (every context of
   up to max_depth tokens, with how often each next token followed it), optionally merged with a
   SuffixCache of recent outputs shared by the replica's requests. The proposal follows the most
@@ -65,9 +66,9 @@ class Lookup:
         """Tokens of context the first proposed token's match rests on (0: no proposal)."""
         return self.match_lengths[0] if self.match_lengths else 0
 
-    def truncated(self, num_tokens: int) -> Lookup:
-        """The first num_tokens proposed tokens."""
-        return Lookup(self.token_ids[:num_tokens], self.match_lengths[:num_tokens])
+    def first(self, count: int) -> Lookup:
+        """The first count proposed tokens (as Proposal.first)."""
+        return Lookup(self.token_ids[:count], self.match_lengths[:count])
 
 
 NO_LOOKUP = Lookup((), ())

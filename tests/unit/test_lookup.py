@@ -89,7 +89,7 @@ def test_suffix_follows_the_most_frequent_continuation():
     assert lookup.token_ids == (3, 1, 2)
     # contexts matched: [1, 2]; then [1, 2, 3]; then [1, 2, 3, 1] (the proposed tokens included)
     assert lookup.match_lengths == (2, 3, 4)
-    assert lookup.truncated(2).token_ids == (3, 1) and lookup.truncated(2).match_lengths == (2, 3)
+    assert lookup.first(2).token_ids == (3, 1) and lookup.first(2).match_lengths == (2, 3)
 
 
 def test_suffix_stops_when_no_continuation_is_frequent_enough():
