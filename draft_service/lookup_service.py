@@ -6,8 +6,11 @@ Sessions, handles, retries, budgets and expiry are the model draft's (specdec.se
 of a call is plain Python run inline (no model worker, no forward pass). A session's proposer sees
 C grow as the orchestrator tells it; it proposes up to K tokens (fewer or none where its match
 ends: the round then verifies what it got, K = 0 included), with one-hot q~ when sampling, which
-the target verifies with its unchanged rule. With --suffix-cache shared, one bounded cache of
-recent outputs serves every session of the replica: a session's output joins it at Release.
+the target verifies with its unchanged rule. With --suffix-cache shared, a bounded cache of recent
+outputs serves the replica's sessions: a session's output joins it at Release. The cache is kept
+apart per the partition each Prefill names (an orchestrator with bearer tokens sends a digest of
+the request's token), so no session draws on text that only another partition's sessions saw; the
+replica keeps the caches of the most recently used partitions, up to max_cache_partitions.
 
 Identity: the replica speaks the target's vocabulary, read from --model (the target's config and
 tokenizer only; no weights are loaded), and names itself `lookup:METHOD` in Info, which the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -51,8 +55,9 @@ from specdec.worker import Timed
 @dataclass(frozen=True)
 class LookupDraftConfig:
     method: str = "suffix"  # ngram or suffix
-    suffix_cache: str = "session"  # shared: one cache of recent outputs for the replica's sessions
-    suffix_cache_tokens: int = 200_000
+    suffix_cache: str = "session"  # shared: a cache of recent outputs for the replica's sessions
+    suffix_cache_tokens: int = 200_000  # bound of each partition's shared cache
+    max_cache_partitions: int = 64  # shared caches kept (least recently used dropped first)
     ngram_min: int = 2
     ngram_max: int = 4
     suffix_max_depth: int = 8
@@ -63,6 +68,8 @@ class LookupDraftConfig:
             raise ValueError(f"a lookup draft's method is one of {LOOKUP_METHODS}, got {self.method!r}")
         if self.suffix_cache not in SUFFIX_CACHE_MODES:
             raise ValueError(f"suffix_cache must be one of {SUFFIX_CACHE_MODES}, got {self.suffix_cache!r}")
+        if self.max_cache_partitions < 1:
+            raise ValueError(f"max_cache_partitions must be >= 1, got {self.max_cache_partitions}")
 
 
 @dataclass
@@ -110,18 +117,34 @@ class LookupDraftService(SessionService[LookupSessionState]):
                  lookup: LookupDraftConfig = LookupDraftConfig()) -> None:
         super().__init__(vocabulary, config, size_of=lambda state: len(state.committed))
         self.lookup = lookup
-        self.cache = (SuffixCache(lookup.suffix_cache_tokens, lookup.suffix_max_depth)
-                      if lookup.suffix_cache == "shared" and lookup.method == "suffix" else None)
+        self.shared = lookup.suffix_cache == "shared" and lookup.method == "suffix"
+        self.caches: OrderedDict[str, SuffixCache] = OrderedDict()  # partition -> its shared cache, LRU first
+
+    @property
+    def cache(self) -> SuffixCache | None:
+        """The shared cache of the sessions that name no partition (None: no shared cache)."""
+        return self.cache_of("")
+
+    def cache_of(self, partition: str) -> SuffixCache | None:
+        if not self.shared:
+            return None
+        cache = self.caches.get(partition)
+        if cache is None:
+            cache = self.caches[partition] = SuffixCache(self.lookup.suffix_cache_tokens, self.lookup.suffix_max_depth)
+            while len(self.caches) > self.lookup.max_cache_partitions:
+                self.caches.popitem(last=False)
+        self.caches.move_to_end(partition)
+        return cache
 
     def info(self) -> ReplicaInfo:
         # The replica's name for what proposes: the orchestrator counts its tokens under it.
         return dataclasses.replace(super().info(), model_id=f"{LOOKUP_MODEL_PREFIX}{self.lookup.method}")
 
-    def _proposer(self) -> Proposer:
+    def _proposer(self, partition: str) -> Proposer:
         lookup = self.lookup
         if lookup.method == "ngram":
             return NgramProposer(lookup.ngram_min, lookup.ngram_max)
-        return SuffixProposer(lookup.suffix_max_depth, lookup.suffix_min_share, self.cache)
+        return SuffixProposer(lookup.suffix_max_depth, lookup.suffix_min_share, self.cache_of(partition))
 
     async def run_job(self, make_job: Callable[[], Job[Any]], session_id: str) -> Timed:
         """The job inline: a lookup feeds no model, so the job returns without yielding a Feed."""
@@ -135,12 +158,13 @@ class LookupDraftService(SessionService[LookupSessionState]):
         raise RuntimeError("a lookup job asked for a forward pass")
 
     async def prefill(
-        self, session_id: str, token_ids: list[int], sampling: SamplingParams
+        self, session_id: str, token_ids: list[int], sampling: SamplingParams, cache_partition: str = ""
     ) -> tuple[Handle, None, Timing]:
+        """cache_partition: the shared cache the session draws on and its output joins."""
         self.check_prompt(token_ids)
 
         def build() -> Job[tuple[LookupSessionState, int, None]]:
-            state = LookupSessionState(list(token_ids), len(token_ids), sampling, self._proposer())
+            state = LookupSessionState(list(token_ids), len(token_ids), sampling, self._proposer(cache_partition))
             return state, len(token_ids), None
             yield  # a generator: the service's job form, run inline
 

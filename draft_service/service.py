@@ -47,8 +47,9 @@ class DraftService(SessionService[DraftSessionState]):
         self.engine = DraftEngine(loaded, draft.top_m)
 
     async def prefill(
-        self, session_id: str, token_ids: list[int], sampling: SamplingParams
+        self, session_id: str, token_ids: list[int], sampling: SamplingParams, cache_partition: str = ""
     ) -> tuple[Handle, None, Timing]:
+        """cache_partition is for replicas that keep state across sessions; a model draft keeps none."""
         self.check_prompt(token_ids)
 
         def build() -> Job[tuple[DraftSessionState, int, None]]:

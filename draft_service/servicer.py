@@ -17,7 +17,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     async def Prefill(self, request: draft_pb2.DraftPrefillRequest, context: grpc.aio.ServicerContext):
         handle, _, timing = await self.service.prefill(
-            request.session_id, list(request.token_ids), convert.sampling_from_proto(request.sampling)
+            request.session_id, list(request.token_ids), convert.sampling_from_proto(request.sampling),
+            request.cache_partition,
         )
         return draft_pb2.DraftPrefillResponse(
             handle=convert.handle_to_proto(handle),

@@ -204,9 +204,12 @@ class DraftClient(ReplicaClient):
     def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
         super().__init__(address, channel, timeouts, draft_pb2_grpc.DraftServiceStub(channel))
 
-    async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams) -> Reply[None]:
+    async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
+                      cache_partition: str = "") -> Reply[None]:
+        """cache_partition: the request's partition of state the replica keeps across sessions."""
         request = draft_pb2.DraftPrefillRequest(
-            session_id=session_id, token_ids=list(token_ids), sampling=convert.sampling_to_proto(sampling)
+            session_id=session_id, token_ids=list(token_ids), sampling=convert.sampling_to_proto(sampling),
+            cache_partition=cache_partition,
         )
         response, wall = await self._call(self._stub.Prefill, request, self.timeouts.prefill_seconds)
         return Reply(convert.handle_from_proto(response.handle), None, _timing(wall, response))

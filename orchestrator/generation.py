@@ -55,6 +55,9 @@ class GenerationRequest:
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     speculate: bool = True  # False: speculation off, no draft session at all
+    # The caller's share of state kept across requests (shared suffix caches, here and on draft
+    # replicas): with bearer tokens configured a digest of the request's token, else "".
+    cache_partition: str = ""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -108,7 +111,7 @@ class Generation:
         self.text = TextStream(tokenizer, request.stop)
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids), observer=observer)
         self.replicas = SessionReplicas(uuid.uuid4().hex, request.sampling, target_pool, draft_pool,
-                                        self.stats, limits.draft_retry_rounds)
+                                        self.stats, limits.draft_retry_rounds, request.cache_partition)
         # A model-free draft (orchestrator/local_draft.py); hybrid also keeps the model draft.
         self.local_draft = local_draft if request.speculate else None
         self.uses_model_draft = request.speculate and (local_draft is None or local_draft.uses_model)

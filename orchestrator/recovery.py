@@ -85,9 +85,11 @@ class SessionReplicas:
     """The target and draft sessions of one request, kept alive across replica failures."""
 
     def __init__(self, session_id: str, sampling: SamplingParams, target_pool: ReplicaPool[TargetClient],
-                 draft_pool: ReplicaPool[DraftClient], stats: GenerationStats, draft_retry_rounds: int) -> None:
+                 draft_pool: ReplicaPool[DraftClient], stats: GenerationStats, draft_retry_rounds: int,
+                 cache_partition: str = "") -> None:
         self.session_id = session_id
         self.sampling = sampling
+        self.cache_partition = cache_partition  # the request's share of a draft replica's shared state
         self.target_pool = target_pool
         self.draft_pool = draft_pool
         self.stats = stats
@@ -165,7 +167,7 @@ class SessionReplicas:
             tried.add(replica.address)
             self._holders[("draft", replica.address)] = replica
             try:
-                reply = await replica.client.prefill(self.session_id, committed, self.sampling)
+                reply = await replica.client.prefill(self.session_id, committed, self.sampling, self.cache_partition)
             except (Refused, ReplicaLost) as error:
                 self._prefill_failed("draft", self.draft_pool, replica, error)
                 continue

@@ -297,6 +297,7 @@ class OrchestratorService:
             sampling=sampling,
             stop=tuple(stop),
             speculate=(speculation.mode or self.config.speculation) != "off",
+            cache_partition=partition,
         )
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,

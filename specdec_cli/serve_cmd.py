@@ -115,7 +115,7 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                             default=default_of(LookupDraftConfig, "suffix_cache"),
                             help="with --method suffix: the session's own tokens (session), or "
                                  "also a bounded cache of the outputs of this replica's sessions "
-                                 "(shared)")
+                                 "(shared; kept apart per the orchestrator's API tokens)")
 
 
 def orchestrator_flags(parser: argparse.ArgumentParser) -> None:

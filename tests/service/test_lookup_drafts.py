@@ -249,7 +249,8 @@ def test_with_several_tokens_the_shared_cache_is_kept_apart_per_token(loop_threa
 # ---------------------------------------- a draft service without a model: serve draft --method
 
 
-async def start_lookup_replica_stack(target_dir, method: str, suffix_cache: str = "session"):
+async def start_lookup_replica_stack(target_dir, method: str, suffix_cache: str = "session",
+                                     orchestrator_interceptors: tuple = ()):
     """Target, a lookup draft service (no model: the target's vocabulary) and an orchestrator that
     takes it as its draft pool, like any draft replica. Returns (stack, the lookup service)."""
     target_server, _ = await stack_module.start_target(target_dir)
@@ -260,7 +261,8 @@ async def start_lookup_replica_stack(target_dir, method: str, suffix_cache: str 
         draft=f"127.0.0.1:{draft_server.port}", target=f"127.0.0.1:{target_server.port}",
         num_speculative_tokens=4, pool=PoolConfig(refresh_seconds=0.5), startup_timeout_seconds=30,
     )
-    orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+    orchestrator_server, service = await orchestrator.server.start(
+        config, ServerConfig(port=0, interceptors=orchestrator_interceptors))
     return LookupStack([target_server, draft_server, orchestrator_server], service), lookup_service
 
 
@@ -315,6 +317,71 @@ def test_a_lookup_draft_service_proposes_one_hot_and_shares_its_cache_across_ses
             await server.stop()
 
     loop_thread.run(scenario())
+
+
+def test_a_lookup_replica_keeps_its_shared_cache_apart_per_partition(loop_thread, tiny_pair):
+    """The replica sees no API token: each Prefill names the session's partition, and a session
+    draws only on what its own partition's sessions saw."""
+    async def scenario():
+        server, service = await draft_service.server.start_lookup(
+            load_vocabulary(str(tiny_pair.target_dir)), ServiceConfig(replica_id="lookup-0"), ServerConfig(port=0),
+            lookup=LookupDraftConfig(method="suffix", suffix_cache="shared", max_cache_partitions=3))
+        greedy = SamplingParams()
+        try:
+            async def session(name, partition, prompt, output=(), k=3):
+                handle, _, _ = await service.prefill(name, prompt, greedy, partition)
+                handle, proposal, _ = await service.propose(handle, list(output), k)
+                assert await service.release(name)
+                return proposal.token_ids
+
+            await session("a-1", "a", [5, 6, 7, 8], [9, 10, 11, 12, 13, 14])
+            assert await session("b-1", "b", [1, 9, 10]) == ()  # a's output is not b's to see
+            assert await session("none-1", "", [1, 9, 10]) == ()  # nor a session's without a partition
+            assert await session("a-2", "a", [1, 9, 10]) == (11, 12, 13)  # but a's own
+            assert service.caches["a"].entries()[0] == (9, 10, 11, 12, 13, 14)
+            assert service.caches["b"].entries() == service.caches[""].entries() == []
+            # At most max_cache_partitions caches: the least recently used goes first.
+            assert list(service.caches) == ["b", "", "a"]
+            await session("c-1", "c", [2, 3])
+            assert list(service.caches) == ["", "a", "c"]
+        finally:
+            await server.stop()
+
+    loop_thread.run(scenario())
+
+
+def test_through_an_orchestrator_each_tokens_sessions_fill_their_own_partition_of_a_replica(
+        loop_thread, tiny_pair, references):
+    """Two clients with bearer tokens, an orchestrator in front of a lookup replica with a shared
+    cache: each request's draft session is opened in its token's partition, so each client's
+    outputs land in its own partition of the replica's cache and nowhere else."""
+    tokens = ("token-of-a", "token-of-b")
+    running, lookup_service = loop_thread.run(start_lookup_replica_stack(
+        tiny_pair.target_dir, "suffix", suffix_cache="shared",
+        orchestrator_interceptors=(BearerTokenInterceptor(tokens),)))
+    try:
+        prompts = list(references)
+        outputs: dict[str, list[tuple[int, ...]]] = {token: [] for token in tokens}
+        with grpc.insecure_channel(running.address) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            for index, prompt in enumerate(prompts[:4]):
+                token = tokens[index % 2]
+                request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS)
+                generated = [t for response in stub.Generate(request, metadata=bearer_metadata(token), timeout=300)
+                             for t in response.token_ids]
+                assert generated == references[prompt]
+                outputs[token].append(tuple(generated))
+        caches = lookup_service.caches
+        assert set(caches) == {token_partition(token) for token in tokens}  # no session without one
+        for token in tokens:
+            # A session's output joins at Release: the output as far as the draft was told it
+            # (the last round's tokens are never sent to it).
+            entries = caches[token_partition(token)].entries()
+            assert len(entries) == len(outputs[token])
+            for entry, output in zip(entries, outputs[token]):
+                assert entry and entry == output[:len(entry)]
+    finally:
+        loop_thread.run(running.stop())
 
 
 # ------------------------------------------------------------------- sampling: the target's law
