@@ -123,9 +123,12 @@ class Generation:
         if self.guard is not None:
             self.guard.enter()
         try:
-            # Hybrid sends the draft its prompt only when the model is first needed.
-            first = await self.replicas.prefill(self.committed, self.uses_model_draft,
-                                                defer_draft=self.local_draft is not None)
+            # Hybrid sends the draft its prompt only when the model is first needed; so does a
+            # request that arrives while the guard keeps the system at K = 0 (its draft's prefill
+            # would take the target's CPU, or a draft replica's, for rounds that may never come).
+            defer_draft = self.local_draft is not None or (self.guard is not None
+                                                           and not self.guard.allows_speculation())
+            first = await self.replicas.prefill(self.committed, self.uses_model_draft, defer_draft=defer_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             chunk = self._commit([first])
             while chunk.finish_reason is None:
@@ -145,13 +148,14 @@ class Generation:
 
     async def _round(self) -> list[int]:
         """One guess-verify round; returns the tokens it commits (accepted drafts + next token)."""
-        if self.uses_model_draft and self.local_draft is None:
+        system_speculates = self.guard is None or self.guard.allows_speculation()
+        if self.uses_model_draft and self.local_draft is None and system_speculates:
             await self.replicas.settle_draft(self.committed)  # the first token did not wait for it
         if self.uses_model_draft and not self.replicas.has_draft:
             await self.replicas.reattach_draft_if_due(self.committed)
         can_draft = self.local_draft is not None or self.replicas.has_draft
         max_num_speculative_tokens = self._max_num_speculative_tokens() if can_draft else 0
-        if self.guard is not None and not self.guard.allows_speculation():
+        if not system_speculates:
             max_num_speculative_tokens = 0
         num_speculative_tokens = self.policy.choose(max_num_speculative_tokens)
         branch = self._take_branch(num_speculative_tokens)

@@ -11,9 +11,12 @@ sessions' drafts.
 So while two or more sessions are generating, the orchestrator tests it directly. Every so often
 it measures a window with its adaptive sessions doing what they decided so far (speculating as
 their controllers choose, or all at K = 0) and, right after, a window doing the other, and keeps
-whichever committed more tokens per second, by a margin. A decision that holds doubles the time
-to the next test (up to a ceiling); one that flips resets it; a test whose windows saw different
-loads is discarded. With fewer than two sessions (for longer than a window: not the gap between a
+whichever committed more tokens per second, by a margin. A decision that holds at least doubles
+the time to the next test (up to a ceiling), and more when the test showed the other choice to
+lose a lot: the time in the losing mode is then kept to a small share of the time between tests.
+One that flips resets it; a test whose windows saw different loads is discarded. When the load
+goes and comes back, the schedule of tests goes on from the last decision rather than testing at
+once. With fewer than two sessions (for longer than a window: not the gap between a
 client's requests) the guard stays out of the way: a lone session's own K = 0 probes already
 measure the truth. Nothing here is a setting a user tunes: the windows and
 the margin only decide how quickly and how surely a measured difference is acted on.
@@ -23,9 +26,12 @@ The guard sees one orchestrator's sessions; replicas of the orchestrator test on
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class GuardConfig:
     margin: float = 0.05
     first_test_seconds: float = 1.0  # after load appears, and after a decision flips
     max_interval_seconds: float = 96.0
+    # A test costs the tokens its other window loses against the kept mode; the next test waits
+    # until that cost is at most this share of the time in between.
+    test_cost_share: float = 0.05
     min_sessions: int = 2
     max_load_change: float = 0.25  # mean sessions of the two windows may differ by this fraction
 
@@ -47,6 +56,8 @@ class GuardConfig:
             raise ValueError("need 0 < first_test_seconds <= max_interval_seconds")
         if self.min_sessions < 2:
             raise ValueError("min_sessions must be >= 2")
+        if not 0 < self.test_cost_share < 1:
+            raise ValueError("test_cost_share must be in (0, 1)")
 
 
 @dataclass
@@ -94,6 +105,7 @@ class SpeculationGuard:
         self._next_test: float | None = None
         self._windows: tuple[_Window, _Window] | None = None  # (kept mode, the other mode)
         self._low_since: float | None = 0.0  # since when fewer than min_sessions have run
+        self._decided_at: float | None = None  # when the last test ended with a decision
 
     @property
     def active_sessions(self) -> int:
@@ -142,8 +154,10 @@ class SpeculationGuard:
                 self._windows, self._next_test = None, None  # the load went: test again once it is back
             return
         self._low_since = None
-        if self._next_test is None:
+        if self._next_test is None:  # load appeared: test soon, or when the last decision is due
             self._next_test = now + config.first_test_seconds
+            if self._decided_at is not None:
+                self._next_test = max(self._next_test, self._decided_at + self._interval)
         if self._windows is None and now >= self._next_test:
             first = now + config.settle_seconds
             second = first + config.window_seconds + config.settle_seconds
@@ -163,6 +177,14 @@ class SpeculationGuard:
             self.speculating = not self.speculating
             self._interval = config.first_test_seconds
         else:
-            self._interval = min(2.0 * self._interval, config.max_interval_seconds)
+            # The other window (and its settling) ran at other.rate instead of kept.rate.
+            loss = max(0.0, 1.0 - other.rate / kept.rate) if kept.rate > 0 else 0.0
+            cost = loss * (config.window_seconds + config.settle_seconds)
+            self._interval = min(max(2.0 * self._interval, cost / config.test_cost_share),
+                                 config.max_interval_seconds)
         self.last_decision = GuardDecision(speculating_rate, off_rate, self.speculating)
+        self._decided_at = now
         self._next_test = now + self._interval
+        log.info("speculation guard: %.1f tokens/s speculating, %.1f at K = 0 (%.1f sessions): %s; "
+                 "next test in %.0f s", speculating_rate, off_rate, sum(loads) / 2,
+                 "speculating" if self.speculating else "K = 0", self._interval)

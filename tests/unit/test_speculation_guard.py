@@ -61,10 +61,56 @@ def test_keeps_speculating_when_it_pays_and_comes_back_when_it_pays_again():
     guard = _guard(clock, sessions=4)
     _simulate(guard, clock, 4, 30.0, rate_speculating=15.0, rate_off=10.0)
     assert guard.speculating
-    _simulate(guard, clock, 4, 30.0, rate_speculating=5.0, rate_off=10.0)
+    # K = 0 lost by a third: tests come less often, so a change is seen within the ceiling.
+    _simulate(guard, clock, 4, GuardConfig().max_interval_seconds, rate_speculating=5.0, rate_off=10.0)
     assert not guard.speculating
     _simulate(guard, clock, 4, 120.0, rate_speculating=15.0, rate_off=10.0)
     assert guard.speculating
+
+
+def _test_times(rate_speculating: float, rate_off: float, seconds: float = 120.0) -> list[float]:
+    """When the tests of a guard under 8 sessions decided, over `seconds`."""
+    clock = Clock()
+    guard = _guard(clock, sessions=8)
+    decided, last = [], None
+    while clock.now < seconds:
+        _simulate(guard, clock, 8, 0.5, rate_speculating, rate_off)
+        if guard.last_decision is not last:
+            decided.append(clock.now)
+            last = guard.last_decision
+    assert not guard.speculating
+    return decided
+
+
+def test_the_more_the_other_mode_loses_the_rarer_the_tests():
+    """Each test runs a window in the losing mode: after a decisive result the next one waits
+    until that loss is a small share of the time in between (and at least doubles the wait)."""
+    config = GuardConfig()
+    decisive = _test_times(rate_speculating=4.0, rate_off=12.0)  # speculating loses two thirds
+    marginal = _test_times(rate_speculating=10.5, rate_off=12.0)  # it loses an eighth
+    assert len(decisive) < len(marginal)
+    # The first test flips to K = 0 and the next confirms it soon; from then on K = 0 holds.
+    gaps = [later - earlier for earlier, later in zip(decisive[1:], decisive[2:])]
+    loss = 1.0 - 4.0 / 12.0
+    assert gaps and min(gaps) >= loss * (config.window_seconds + config.settle_seconds) / config.test_cost_share
+    marginal_gaps = [later - earlier for earlier, later in zip(marginal[1:], marginal[2:])]
+    assert marginal_gaps == sorted(marginal_gaps) and marginal_gaps[0] < marginal_gaps[-1]  # they double
+
+
+def test_when_the_load_comes_back_the_last_decision_stands_until_its_next_test():
+    clock = Clock()
+    guard = _guard(clock, sessions=8)
+    _simulate(guard, clock, 8, 20.0, rate_speculating=4.0, rate_off=12.0)
+    assert not guard.speculating
+    decision = guard.last_decision
+    for _ in range(8):
+        guard.leave()
+    _simulate(guard, clock, 0, 5.0, rate_speculating=4.0, rate_off=12.0)  # the load goes
+    for _ in range(8):
+        guard.enter()
+    modes = _simulate(guard, clock, 8, 5.0, rate_speculating=4.0, rate_off=12.0)
+    assert not any(modes)  # no test right away: K = 0 as decided
+    assert guard.last_decision is decision
 
 
 def test_a_difference_within_the_margin_changes_nothing():
