@@ -7,7 +7,10 @@ target and draft services and an orchestrator, each its own process. For each nu
 every stream is a closed loop, issuing its next streaming Generate as soon as its last one ended,
 cycling through the benchmark prompts from an offset of its own (so streams do not all send the
 same prompt). Schedules are interleaved within each stream count in a shuffled order, so every
-schedule at a stream count sees about the same machine state.
+schedule at a stream count sees about the same machine state; with --repeats N each schedule runs N
+rounds there (each round of all schedules in its own shuffled order), a cell's figures are the
+mean over its rounds, and how much speculation off moved between its rounds is the run's noise,
+the margin of the "adaptive never below off" goal (at least 5 %).
 
 What a cell counts:
   - the window: from the moment all streams start to --seconds-per-cell later. Only tokens that
@@ -97,6 +100,7 @@ class BenchConfig:
     hf_seconds: float  # timed HF generate calls per batch size run until this many seconds
     skip_hf: bool
     seed: int  # of the shuffled schedule order
+    repeats: int  # rounds of every schedule at each stream count, interleaved
     quick: bool
     out: Path
     name: str
@@ -108,6 +112,8 @@ class BenchConfig:
             raise ValueError("--schedules: one or more distinct schedules")
         for schedule in self.schedules:
             speculation(schedule)  # raises on a bad name
+        if self.repeats < 1:
+            raise ValueError("--repeats >= 1")
         if self.seconds_per_cell <= 0 or self.max_new_tokens < 2 or self.drain_seconds < 0:
             raise ValueError("--seconds-per-cell > 0, --max-new-tokens >= 2, --drain-seconds >= 0")
         from specdec.models import DTYPES
@@ -163,6 +169,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
                         help=f"timed HF generate per batch size, at least (default {FULL['hf_seconds']:g})")
     parser.add_argument("--skip-hf", action="store_true", help="no Hugging Face anchor")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled schedule order")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every schedule at each stream count, each round in a shuffled "
+                             "order; a cell's figures are then the mean over its rounds, and the "
+                             "spread of the off rounds is the run's noise (default 1)")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="directory for the results")
     parser.add_argument("--name", default="", help="file stem after 'load-' (default: a UTC timestamp)")
     args = parser.parse_args(argv)
@@ -179,7 +189,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
             seconds_per_cell=float(pick("seconds_per_cell")), max_new_tokens=int(pick("max_new_tokens")),
             drain_seconds=float(pick("drain_seconds")), target=args.target, draft=args.draft,
             dtype=args.dtype, device=args.device, hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
-            hf_seconds=float(pick("hf_seconds")), skip_hf=args.skip_hf, seed=args.seed, quick=args.quick,
+            hf_seconds=float(pick("hf_seconds")), skip_hf=args.skip_hf, seed=args.seed, repeats=args.repeats,
+            quick=args.quick,
             out=args.out, name=args.name or common.utc_stamp(),
         )
     except ValueError as error:
@@ -460,8 +471,11 @@ def run_cells(address: str, replicas: Replicas, config: BenchConfig, prompts: li
     rng = random.Random(config.seed)
     cells = []
     for streams in config.streams:
-        order = list(config.schedules)
-        rng.shuffle(order)  # interleaved: the schedules at one stream count see the same machine
+        order = []
+        for _ in range(config.repeats):  # interleaved: the schedules at one stream count see the same machine
+            rounds = list(config.schedules)
+            rng.shuffle(rounds)
+            order += rounds
         for schedule in order:
             if not replicas.wait_idle():
                 common.note("warning: the services still hold sessions from the last cell")
@@ -479,7 +493,42 @@ def run_cells(address: str, replicas: Replicas, config: BenchConfig, prompts: li
                 f"TTFT p50 {ms(cell['ttft_p50'])} ms, ITL p50 {ms(cell['itl_p50'])} ms, "
                 f"batch {num(cell['mean_batch'])}, K {num(cell['mean_k'])}, "
                 f"{cell['requests_completed']} requests; ETA {minutes(eta.remaining())}{problems}")
-    return cells
+    return merge_repeats(cells)
+
+
+MEAN_FIELDS = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "mean_batch",
+               "tokens_per_pass", "draft_mean_batch", "draft_tokens_per_pass", "mean_k", "tau",
+               "slowest_over_median", "load_average_1m")
+SUM_FIELDS = ("window_seconds", "drain_seconds", "tokens_in_window", "requests_started", "requests_completed",
+              "requests_cancelled_after_drain", "target_passes", "draft_passes", "ttft_samples", "itl_samples")
+
+
+def merge_repeats(cells: list[dict]) -> list[dict]:
+    """One cell per (schedule, streams): with repeated rounds, the mean of each figure over them
+    (counts summed) and each round's tokens/s in tokens_per_second_rounds."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for cell in cells:
+        groups.setdefault((cell["schedule"], cell["streams"]), []).append(cell)
+    merged = []
+    for rounds in groups.values():
+        cell = dict(rounds[0])
+        for name in MEAN_FIELDS:
+            values = [r[name] for r in rounds if r.get(name) is not None]
+            cell[name] = statistics.mean(values) if values else None
+        for name in SUM_FIELDS:
+            cell[name] = sum(r[name] or 0 for r in rounds)
+        cell["errors"] = dict(sum((Counter(r["errors"]) for r in rounds), Counter()))
+        cell["finish_reasons"] = dict(sum((Counter(r["finish_reasons"]) for r in rounds), Counter()))
+        cell["tokens_per_second_rounds"] = [r["tokens_per_second"] for r in rounds]
+        merged.append(cell)
+    return merged
+
+
+def run_noise(cells: list[dict]) -> dict[int, float]:
+    """How much speculation off moved between its rounds, per stream count: (max - min) / mean of
+    its rounds' tokens/s (stream counts with one round are left out)."""
+    return {cell["streams"]: (max(rates) - min(rates)) / statistics.mean(rates) for cell in cells
+            if cell["schedule"] == OFF for rates in [cell.get("tokens_per_second_rounds", [])] if len(rates) > 1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,10 +664,17 @@ def goals(cells: list[dict], hf: dict, config: BenchConfig) -> list[dict]:
 
     result = [goal("speculation off: 8 streams over 1 stream, aggregate tokens/s",
                    ratio(tps(OFF, 8), tps(OFF, 1)), GOAL_OFF_SCALING_8)]
-    worst = [ratio(tps(ADAPTIVE, n), tps(OFF, n)) for n in config.streams]
-    worst = [x for x in worst if x is not None]
-    result.append(goal(f"adaptive over off at every stream count, the lowest (>= 1 - {NOISE:g} noise)",
-                       min(worst) if worst else None, 1.0 - NOISE))
+    # Adaptive over off, less its margin at each stream count: the run's noise there (off's spread
+    # over its rounds), at least NOISE. The goal holds when the worst of these is >= 1.
+    measured = run_noise(cells)
+    margins = {n: max(NOISE, measured.get(n, 0.0)) for n in config.streams}
+    worst = [(ratio(tps(ADAPTIVE, n), tps(OFF, n)), n) for n in config.streams]
+    worst = [(value, n) for value, n in worst if value is not None]
+    value, n = min(worst, key=lambda item: item[0] + margins[item[1]]) if worst else (None, None)
+    spread = (f"; off's spread over its rounds there: {measured[n]:.3f}" if n in measured else "")
+    result.append(goal(f"adaptive over off at every stream count, the lowest against its margin "
+                       f"(at {n} streams: >= 1 - {margins.get(n, NOISE):.2f}, the run's noise, at least {NOISE:g}{spread})",
+                       value, 1.0 - margins.get(n, NOISE)))
     result.append(goal("adaptive over off at 1 stream", ratio(tps(ADAPTIVE, 1), tps(OFF, 1)), GOAL_ADAPTIVE_AT_1))
     result.append(goal("adaptive over off at 4 streams", ratio(tps(ADAPTIVE, 4), tps(OFF, 4)), GOAL_ADAPTIVE_AT_4))
     best8, dtype8 = hf_best(hf, 8)
@@ -704,7 +760,9 @@ def render_hf(cells: list[dict], hf: dict, config: BenchConfig, markdown: bool) 
 def describe(config: BenchConfig, environment: dict) -> list[str]:
     setup = (f"Closed-loop streams, {config.seconds_per_cell:g} s window per cell, {config.max_new_tokens} new "
              f"tokens per request, greedy; target {config.target}, draft {config.draft}, services' dtype "
-             f"{config.dtype or 'default (auto)'}, default service flags; {environment.get('cpu_count')} CPUs.")
+             f"{config.dtype or 'default (auto)'}, default service flags; {environment.get('cpu_count')} CPUs."
+             + (f" Each cell: the mean of {config.repeats} rounds, interleaved with the other schedules' "
+                "(tok/s of each round in the JSON)." if config.repeats > 1 else ""))
     legend = ("tok/s: all streams' tokens that arrived inside the window / the window. TTFT and ITL in ms "
               "(ITL: each token of a message gets the gap since the previous message / its tokens). "
               "batch and tok/pass: the target's sessions and rows per forward pass over the window "
@@ -748,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     stack_config = StackConfig(target=config.target, draft=config.draft, device=config.device,
                                dtype=config.dtype, port=0, echo=False)
     common.prepare_default_models(stack_config)
-    cell_count = len(config.streams) * len(config.schedules)
+    cell_count = len(config.streams) * len(config.schedules) * config.repeats
     hf_steps = 0 if config.skip_hf else len(config.streams) * len(config.hf_dtypes)
     progress = common.Progress(cell_count + hf_steps)
     eta = Eta(config, cell_count)

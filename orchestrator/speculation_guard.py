@@ -11,7 +11,9 @@ sessions' drafts.
 So while two or more sessions are generating, the orchestrator tests it directly. Every so often
 it measures a window with its adaptive sessions doing what they decided so far (speculating as
 their controllers choose, or all at K = 0) and, right after, a window doing the other, and keeps
-whichever committed more tokens per second, by a margin. A decision that holds at least doubles
+whichever committed more tokens per second, by a margin; until its first test it holds the
+sessions at K = 0, so speculation that does not pay costs only the test's window. A decision
+that holds at least doubles
 the time to the next test (up to a ceiling), and more when the test showed the other choice to
 lose a lot: the time in the losing mode is then kept to a small share of the time between tests.
 One that flips resets it; a test whose windows saw different loads is discarded. When the load
@@ -45,7 +47,7 @@ class GuardConfig:
     max_interval_seconds: float = 96.0
     # A test costs the tokens its other window loses against the kept mode; the next test waits
     # until that cost is at most this share of the time in between.
-    test_cost_share: float = 0.05
+    test_cost_share: float = 0.025
     min_sessions: int = 2
     max_load_change: float = 0.25  # mean sessions of the two windows may differ by this fraction
 
@@ -98,13 +100,15 @@ class SpeculationGuard:
     def __init__(self, config: GuardConfig = GuardConfig(), clock: Callable[[], float] = time.monotonic):
         self.config = config
         self._clock = clock
-        self.speculating = True  # the decision kept between tests
+        # The decision kept between tests. Under load speculation must first show that it pays:
+        # until the first test, sessions run at K = 0 (a lone session is not held back).
+        self.speculating = False
         self.last_decision: GuardDecision | None = None
         self._active = 0
         self._interval = config.first_test_seconds
         self._next_test: float | None = None
         self._windows: tuple[_Window, _Window] | None = None  # (kept mode, the other mode)
-        self._low_since: float | None = 0.0  # since when fewer than min_sessions have run
+        self._low_since: float | None = float("-inf")  # since when fewer than min_sessions have run
         self._decided_at: float | None = None  # when the last test ended with a decision
 
     @property

@@ -68,7 +68,7 @@ def test_keeps_speculating_when_it_pays_and_comes_back_when_it_pays_again():
     assert guard.speculating
 
 
-def _test_times(rate_speculating: float, rate_off: float, seconds: float = 120.0) -> list[float]:
+def _test_times(rate_speculating: float, rate_off: float, seconds: float = 300.0) -> list[float]:
     """When the tests of a guard under 8 sessions decided, over `seconds`."""
     clock = Clock()
     guard = _guard(clock, sessions=8)
@@ -89,11 +89,11 @@ def test_the_more_the_other_mode_loses_the_rarer_the_tests():
     decisive = _test_times(rate_speculating=4.0, rate_off=12.0)  # speculating loses two thirds
     marginal = _test_times(rate_speculating=10.5, rate_off=12.0)  # it loses an eighth
     assert len(decisive) < len(marginal)
-    # The first test flips to K = 0 and the next confirms it soon; from then on K = 0 holds.
-    gaps = [later - earlier for earlier, later in zip(decisive[1:], decisive[2:])]
+    # K = 0 from the start, and every test confirms it.
+    gaps = [later - earlier for earlier, later in zip(decisive, decisive[1:])]
     loss = 1.0 - 4.0 / 12.0
     assert gaps and min(gaps) >= loss * (config.window_seconds + config.settle_seconds) / config.test_cost_share
-    marginal_gaps = [later - earlier for earlier, later in zip(marginal[1:], marginal[2:])]
+    marginal_gaps = [later - earlier for earlier, later in zip(marginal, marginal[1:])]
     assert marginal_gaps == sorted(marginal_gaps) and marginal_gaps[0] < marginal_gaps[-1]  # they double
 
 
@@ -116,9 +116,24 @@ def test_when_the_load_comes_back_the_last_decision_stands_until_its_next_test()
 def test_a_difference_within_the_margin_changes_nothing():
     clock = Clock()
     guard = _guard(clock, sessions=4)
-    _simulate(guard, clock, 4, 60.0, rate_speculating=10.0, rate_off=10.3)
-    assert guard.speculating
+    _simulate(guard, clock, 4, 60.0, rate_speculating=10.3, rate_off=10.0)
+    assert not guard.speculating  # as it started: speculation did not win by the margin
     assert guard.last_decision is not None
+    clock = Clock()
+    guard = _guard(clock, sessions=4)
+    _simulate(guard, clock, 4, 30.0, rate_speculating=15.0, rate_off=10.0)
+    assert guard.speculating
+    _simulate(guard, clock, 4, 120.0, rate_speculating=10.0, rate_off=10.3)
+    assert guard.speculating  # K = 0 did not win by the margin either
+
+
+def test_under_load_speculation_waits_for_its_first_test():
+    """Until the first test, sessions under load run at K = 0: speculation that does not pay
+    costs only a test's window."""
+    clock = Clock()
+    guard = _guard(clock, sessions=8)
+    modes = _simulate(guard, clock, 8, GuardConfig().first_test_seconds * 0.9, rate_speculating=5.0, rate_off=12.0)
+    assert modes and not any(modes)
 
 
 def test_one_session_is_left_to_its_own_controller():
@@ -136,7 +151,7 @@ def test_a_test_whose_load_changed_is_discarded():
     for _ in range(6):
         guard.leave()  # most sessions end before the second window
     _simulate(guard, clock, 2, 3.0, rate_speculating=5.0, rate_off=12.0)
-    assert guard.last_decision is None and guard.speculating
+    assert guard.last_decision is None and not guard.speculating  # still as it started
 
 
 @pytest.mark.parametrize("bad", [dict(window_seconds=0), dict(min_sessions=1),
