@@ -674,7 +674,7 @@ def goals(cells: list[dict], hf: dict, config: BenchConfig) -> list[dict]:
     spread = (f"; off's spread over its rounds there: {measured[n]:.3f}" if n in measured else "")
     result.append(goal(f"adaptive over off at every stream count, the lowest against its margin "
                        f"(at {n} streams: >= 1 - {margins.get(n, NOISE):.2f}, the run's noise, at least {NOISE:g}{spread})",
-                       value, 1.0 - margins.get(n, NOISE)))
+                       value, round(1.0 - margins.get(n, NOISE), 3)))
     result.append(goal("adaptive over off at 1 stream", ratio(tps(ADAPTIVE, 1), tps(OFF, 1)), GOAL_ADAPTIVE_AT_1))
     result.append(goal("adaptive over off at 4 streams", ratio(tps(ADAPTIVE, 4), tps(OFF, 4)), GOAL_ADAPTIVE_AT_4))
     best8, dtype8 = hf_best(hf, 8)

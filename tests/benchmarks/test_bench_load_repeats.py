@@ -45,7 +45,7 @@ def test_one_round_has_no_measured_noise_and_the_goal_keeps_its_floor():
     # A noisy run widens the margin to what off itself moved at that stream count, never narrows it.
     noisy = bench_load.merge_repeats([_cell("off", 1, 20.0), _cell("off", 1, 24.0), _cell("adaptive", 1, 20.0)])
     (never_below,) = [g for g in bench_load.goals(noisy, {}, config) if g["goal"].startswith("adaptive over off at every")]
-    assert never_below["threshold"] == pytest.approx(1.0 - 4.0 / 22.0) and never_below["met"] is True
+    assert never_below["threshold"] == pytest.approx(1.0 - 4.0 / 22.0, abs=1e-3) and never_below["met"] is True
     # Each stream count against its own margin: a quiet count where adaptive lost is not excused
     # by a noisy one.
     config = bench_load.parse_args(["--streams", "1,4", "--schedules", "off,adaptive", "--skip-hf"])
