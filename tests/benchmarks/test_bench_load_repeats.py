@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import bench_load  # noqa: E402
+import bench_load
 
 
 def _cell(schedule: str, streams: int, tps: float, requests: int = 10) -> dict:

@@ -13,8 +13,11 @@ from orchestrator.k_policy import Speculation
 from orchestrator.service import PromptInput
 from orchestrator.speculation_guard import GuardConfig, SpeculationGuard
 from specdec.protocol import SamplingParams
-from tests.service.test_lookup_drafts import MAX_NEW_TOKENS, _generate, start_lookup_stack
-
+from tests.service.test_lookup_drafts import (
+    MAX_NEW_TOKENS,
+    _generate,
+    start_lookup_stack,
+)
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3]
 

@@ -4,6 +4,8 @@ of the way. Driven by a fake clock and simulated sessions whose rate depends on 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from orchestrator.speculation_guard import GuardConfig, SpeculationGuard
@@ -90,10 +92,10 @@ def test_the_more_the_other_mode_loses_the_rarer_the_tests():
     marginal = _test_times(rate_speculating=10.5, rate_off=12.0)  # it loses an eighth
     assert len(decisive) < len(marginal)
     # K = 0 from the start, and every test confirms it.
-    gaps = [later - earlier for earlier, later in zip(decisive, decisive[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(decisive)]
     loss = 1.0 - 4.0 / 12.0
     assert gaps and min(gaps) >= loss * (config.window_seconds + config.settle_seconds) / config.test_cost_share
-    marginal_gaps = [later - earlier for earlier, later in zip(marginal, marginal[1:])]
+    marginal_gaps = [later - earlier for earlier, later in itertools.pairwise(marginal)]
     assert marginal_gaps == sorted(marginal_gaps) and marginal_gaps[0] < marginal_gaps[-1]  # they double
 
 
