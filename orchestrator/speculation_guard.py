@@ -12,16 +12,15 @@ So while two or more sessions are generating, the orchestrator tests it directly
 it measures a window with its adaptive sessions doing what they decided so far (speculating as
 their controllers choose, or all at K = 0) and, right after, a window doing the other, and keeps
 whichever committed more tokens per second, by a margin; until its first test it holds the
-sessions at K = 0, so speculation that does not pay costs only the test's window. A decision
-that holds at least doubles
-the time to the next test (up to a ceiling), and more when the test showed the other choice to
-lose a lot: the time in the losing mode is then kept to a small share of the time between tests.
-One that flips resets it; a test whose windows saw different loads is discarded. When the load
-goes and comes back, the schedule of tests goes on from the last decision rather than testing at
-once. With fewer than two sessions (for longer than a window: not the gap between a
-client's requests) the guard stays out of the way: a lone session's own K = 0 probes already
-measure the truth. Nothing here is a setting a user tunes: the windows and
-the margin only decide how quickly and how surely a measured difference is acted on.
+sessions at K = 0, so speculation that does not pay costs only the test's window. A decision that
+holds at least doubles the time to the next test (up to a ceiling), and more when the test showed
+the other choice to lose a lot: the time in the losing mode is then kept to a small share of the
+time between tests. One that flips resets it; a test whose windows saw different loads is
+discarded. When the load goes and comes back, the schedule of tests goes on from the last decision
+rather than testing at once. With fewer than two sessions (for longer than a window: not the gap
+between a client's requests) the guard stays out of the way: a lone session's own K = 0 probes
+already measure the truth. Nothing here is a setting a user tunes: the windows, the margin and the
+share only decide how quickly and how surely a measured difference is acted on, and at what cost.
 
 The guard sees one orchestrator's sessions; replicas of the orchestrator test on their own.
 """
