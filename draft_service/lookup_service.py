@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -34,6 +33,7 @@ from specdec.lookup import (
     LOOKUP_MODEL_PREFIX,
     SUFFIX_CACHE_MODES,
     NgramProposer,
+    PartitionedSuffixCaches,
     Proposer,
     SuffixCache,
     SuffixProposer,
@@ -118,7 +118,8 @@ class LookupDraftService(SessionService[LookupSessionState]):
         super().__init__(vocabulary, config, size_of=lambda state: len(state.committed))
         self.lookup = lookup
         self.shared = lookup.suffix_cache == "shared" and lookup.method == "suffix"
-        self.caches: OrderedDict[str, SuffixCache] = OrderedDict()  # partition -> its shared cache, LRU first
+        self.caches = PartitionedSuffixCaches(lookup.suffix_cache_tokens, lookup.suffix_max_depth,
+                                              lookup.max_cache_partitions)
 
     @property
     def cache(self) -> SuffixCache | None:
@@ -126,15 +127,7 @@ class LookupDraftService(SessionService[LookupSessionState]):
         return self.cache_of("")
 
     def cache_of(self, partition: str) -> SuffixCache | None:
-        if not self.shared:
-            return None
-        cache = self.caches.get(partition)
-        if cache is None:
-            cache = self.caches[partition] = SuffixCache(self.lookup.suffix_cache_tokens, self.lookup.suffix_max_depth)
-            while len(self.caches) > self.lookup.max_cache_partitions:
-                self.caches.popitem(last=False)
-        self.caches.move_to_end(partition)
-        return cache
+        return self.caches.of(partition) if self.shared else None
 
     def info(self) -> ReplicaInfo:
         # The replica's name for what proposes: the orchestrator counts its tokens under it.

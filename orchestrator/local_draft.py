@@ -28,6 +28,7 @@ from specdec.lookup import (
     SUFFIX_CACHE_MODES,
     Lookup,
     NgramProposer,
+    PartitionedSuffixCaches,
     Proposer,
     SuffixCache,
     SuffixProposer,
@@ -97,7 +98,7 @@ class LocalDrafts:
         self.method = method
         self.config = config
         self.shared = config.suffix_cache == "shared" and method in ("suffix", "hybrid")
-        self.caches: dict[str, SuffixCache] = {}  # partition -> its shared cache
+        self.caches = PartitionedSuffixCaches(config.suffix_cache_tokens, config.suffix_max_depth)
         if self.shared:
             self.cache_of("")
 
@@ -107,13 +108,7 @@ class LocalDrafts:
         return self.caches.get("")
 
     def cache_of(self, partition: str) -> SuffixCache | None:
-        if not self.shared:
-            return None
-        cache = self.caches.get(partition)
-        if cache is None:
-            cache = self.caches[partition] = SuffixCache(self.config.suffix_cache_tokens,
-                                                         self.config.suffix_max_depth)
-        return cache
+        return self.caches.of(partition) if self.shared else None
 
     def session(self, partition: str = "") -> LocalDraft | None:
         """A request's lookup draft (its shared cache: its partition's), or None for the model

@@ -198,6 +198,29 @@ class SuffixCache:
         return len(self._entries)
 
 
+class PartitionedSuffixCaches(OrderedDict[str, SuffixCache]):
+    """partition -> its SuffixCache, each bounded by max_tokens; the least recently used first.
+    A shared cache kept apart per client (the orchestrator's, a lookup draft replica's): a session
+    draws only on its partition's cache. With max_partitions, the least recently used partition's
+    cache is dropped beyond it."""
+
+    def __init__(self, max_tokens: int, max_depth: int, max_partitions: int | None = None) -> None:
+        super().__init__()
+        if max_partitions is not None and max_partitions < 1:
+            raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
+        self.max_tokens, self.max_depth, self.max_partitions = max_tokens, max_depth, max_partitions
+
+    def of(self, partition: str) -> SuffixCache:
+        """The partition's cache, made on first use."""
+        cache = self.get(partition)
+        if cache is None:
+            cache = self[partition] = SuffixCache(self.max_tokens, self.max_depth)
+            while self.max_partitions is not None and len(self) > self.max_partitions:
+                self.popitem(last=False)
+        self.move_to_end(partition)
+        return cache
+
+
 class SuffixProposer:
     """Frequency-scored continuations of the longest matched suffix, over the session's tokens and,
     if given, a shared SuffixCache (whose counts add to the session's)."""

@@ -207,6 +207,23 @@ def test_shared_suffix_cache_helps_a_repeated_request(loop_thread, tiny_pair, re
         loop_thread.run(running.stop())
 
 
+def _generate_for_clients(address: str, tokens: tuple[str, ...], prompts: list, references: dict
+                          ) -> dict[str, list[tuple[int, ...]]]:
+    """Greedy Generate over gRPC for each prompt in turn, the clients' bearer tokens taking turns;
+    checks each output against the target alone; returns each token's outputs in order."""
+    outputs: dict[str, list[tuple[int, ...]]] = {token: [] for token in tokens}
+    with grpc.insecure_channel(address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        for index, prompt in enumerate(prompts):
+            token = tokens[index % len(tokens)]
+            request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS)
+            generated = [t for response in stub.Generate(request, metadata=bearer_metadata(token), timeout=300)
+                         for t in response.token_ids]
+            assert generated == references[prompt]
+            outputs[token].append(tuple(generated))
+    return outputs
+
+
 def test_with_several_tokens_the_shared_cache_is_kept_apart_per_token(loop_thread, tiny_pair, references):
     """Two clients, each with its own bearer token, on one orchestrator with a shared suffix
     cache: each token's requests (over gRPC and over HTTP) land in that token's cache only, so no
@@ -220,16 +237,7 @@ def test_with_several_tokens_the_shared_cache_is_kept_apart_per_token(loop_threa
     loop_thread.run(api.start())
     try:
         prompts = list(references)
-        outputs: dict[str, list[tuple[int, ...]]] = {token: [] for token in tokens}
-        with grpc.insecure_channel(running.address) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            for index, prompt in enumerate(prompts[:4]):
-                token = tokens[index % 2]
-                request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS)
-                generated = [t for response in stub.Generate(request, metadata=bearer_metadata(token), timeout=300)
-                             for t in response.token_ids]
-                assert generated == references[prompt]
-                outputs[token].append(tuple(generated))
+        outputs = _generate_for_clients(running.address, tokens, prompts[:4], references)
         request = {"model": "any", "prompt": list(prompts[4]), "max_tokens": MAX_NEW_TOKENS, "temperature": 0}
         status, body = post_raw(api, "/v1/completions", json.dumps(request).encode(),
                                 {"Authorization": f"Bearer {tokens[1]}"})
@@ -361,16 +369,7 @@ def test_through_an_orchestrator_each_tokens_sessions_fill_their_own_partition_o
         orchestrator_interceptors=(BearerTokenInterceptor(tokens),)))
     try:
         prompts = list(references)
-        outputs: dict[str, list[tuple[int, ...]]] = {token: [] for token in tokens}
-        with grpc.insecure_channel(running.address) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            for index, prompt in enumerate(prompts[:4]):
-                token = tokens[index % 2]
-                request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=MAX_NEW_TOKENS)
-                generated = [t for response in stub.Generate(request, metadata=bearer_metadata(token), timeout=300)
-                             for t in response.token_ids]
-                assert generated == references[prompt]
-                outputs[token].append(tuple(generated))
+        outputs = _generate_for_clients(running.address, tokens, prompts[:4], references)
         caches = lookup_service.caches
         assert set(caches) == {token_partition(token) for token in tokens}  # no session without one
         for token in tokens:
