@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                          f"--speculation must be one of {', '.join(MODES)}")
     stop_on_signals()  # Ctrl-C stops the services even in a background job
     print(f"specdec demo: {len(prompts)} prompts, up to {args.max_new_tokens} tokens each, decoded "
-          f"with speculation {config.speculation} and without, through the same services", flush=True)
+          f"with speculation {config.speculation} ({config.draft_method} draft) and without, through the "
+          "same services", flush=True)
     if "default" in (config.target, config.draft):
         print("preparing the default models (the first run dequantises the target once)...", flush=True)
     prepare_default_models(config)
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 all_target.append(target_only)
     rows.append(summarize("overall", all_spec, all_target))
     print("\n\nGreedy decoding, the same target service with speculation "
-          f"{config.speculation} vs off (outputs identical):\n")
+          f"{config.speculation} ({config.draft_method} draft) vs off (outputs identical):\n")
     print(results_table(rows))
     overall = rows[-1]
     print(f"\nspeedup over target-only: {overall['speedup']:.2f}x "

@@ -113,6 +113,10 @@ class StackConfig:
     max_num_speculative_tokens: int | None = None
     pipeline: str | None = None
     pipeline_fanout: int | None = None
+    # The orchestrator's --draft-method. A local stack serves one user, so it takes the lookups'
+    # gains by default; `specdec serve orchestrator` keeps them opt-in (their index of a session's
+    # tokens costs the orchestrator memory per concurrent session). Pipelining needs "model".
+    draft_method: str = "hybrid"
     echo: bool = True  # copy the services' output to stderr, each line prefixed with its role
     threads: int | None = None  # torch threads of each model service
     http_port: int | None = None  # the orchestrator's OpenAI-compatible HTTP API; None: none
@@ -122,6 +126,15 @@ def _flags(**values: object) -> list[str]:
     """--name value for each value that is set."""
     return [text for name, value in values.items() if value is not None
             for text in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def orchestrator_flags(config: StackConfig) -> list[str]:
+    """The orchestrator's flags beyond its --draft and --target."""
+    return _flags(host=config.host, port=config.port, metrics_port=0, speculation=config.speculation,
+                  num_speculative_tokens=config.num_speculative_tokens,
+                  max_num_speculative_tokens=config.max_num_speculative_tokens,
+                  pipeline=config.pipeline, pipeline_fanout=config.pipeline_fanout,
+                  draft_method=config.draft_method, http_port=config.http_port)
 
 
 @contextmanager
@@ -138,12 +151,7 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
             ("draft", ["--model", config.draft, *common], None),
         ], timeout=600.0, echo=config.echo)
         (orchestrator,) = start_services(stack, [("orchestrator", [
-            "--draft", draft.address, "--target", target.address,
-            *_flags(host=config.host, port=config.port, metrics_port=0, speculation=config.speculation,
-                    num_speculative_tokens=config.num_speculative_tokens,
-                    max_num_speculative_tokens=config.max_num_speculative_tokens,
-                    pipeline=config.pipeline, pipeline_fanout=config.pipeline_fanout,
-                    http_port=config.http_port),
+            "--draft", draft.address, "--target", target.address, *orchestrator_flags(config),
         ], None)], timeout=600.0, echo=config.echo)
         yield {"target": target, "draft": draft, "orchestrator": orchestrator}
 

@@ -6,11 +6,12 @@ import argparse
 import re
 import time
 
-from specdec_cli.flags import default_of
+from specdec_cli.flags import UsageError, default_of
 from specdec_cli.serve_cmd import add_speculation_flags
 from specdec_cli.processes import ServiceProcess
 from specdec_cli.stack import DEFAULT_HTTP_PORT, StackConfig, local_stack, stop_on_signals
 
+STACK_DRAFT_METHODS = ("hybrid", "model")  # a local stack always runs a draft model
 HTTP_URL = re.compile(r"^READY orchestrator .* http=(\S+)")
 
 
@@ -46,7 +47,24 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
                         help="orchestrator port; 0 picks a free one")
     parser.add_argument("--threads", type=int, default=default_of(StackConfig, "threads"),
                         help="torch threads of each model service (default: torch's choice)")
+    parser.add_argument("--draft-method", choices=STACK_DRAFT_METHODS, default=None,
+                        help="hybrid: per round the suffix lookup's proposal or the draft model's, "
+                             "whichever the K controller expects to commit tokens faster; model: the "
+                             f"draft model alone (default: {default_of(StackConfig, 'draft_method')}; "
+                             "model with --pipeline on or auto, which drafts ahead with the model)")
     add_speculation_flags(parser)
+
+
+def stack_draft_method(draft_method: str | None, pipeline: str | None) -> str:
+    """--draft-method as given, else the stack's default; model when pipelining is asked for
+    (a lookup answers at once: there is nothing to draft ahead of)."""
+    pipelined = pipeline in ("on", "auto")
+    if draft_method is None:
+        return "model" if pipelined else default_of(StackConfig, "draft_method")
+    if pipelined and draft_method != "model":
+        raise UsageError(f"--pipeline {pipeline} drafts ahead with the draft model: it needs "
+                         f"--draft-method model, not {draft_method}")
+    return draft_method
 
 
 def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
@@ -54,7 +72,8 @@ def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
         target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, host=args.host,
         port=args.port, speculation=args.speculation, num_speculative_tokens=args.num_speculative_tokens,
         max_num_speculative_tokens=args.max_num_speculative_tokens, pipeline=args.pipeline,
-        pipeline_fanout=args.pipeline_fanout, echo=echo, threads=args.threads,
+        pipeline_fanout=args.pipeline_fanout,
+        draft_method=stack_draft_method(args.draft_method, args.pipeline), echo=echo, threads=args.threads,
         # `specdec demo` shares these flags but has no HTTP API (no --http-port of its own)
         http_port=None if getattr(args, "no_http", True) else args.http_port)
 
@@ -67,9 +86,10 @@ def metrics_lines(services: dict[str, ServiceProcess]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = stack_config(args)  # a mistake in the flags is refused before anything starts
     stop_on_signals()  # Ctrl-C or SIGTERM, at any point: the services started so far are stopped
     try:
-        with local_stack(stack_config(args)) as services:
+        with local_stack(config) as services:
             address = services["orchestrator"].address
             url = http_url(services["orchestrator"])
             http = f"  OpenAI-compatible HTTP: {url}\n" if url else ""

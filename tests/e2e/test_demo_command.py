@@ -25,6 +25,7 @@ def test_demo_runs_both_orders_and_prints_the_table(tiny_pair):
     assert "differs" not in result.stdout  # speculative output == target-only output
     # It says what it is doing from the start: starting services, then each prompt and each run.
     assert result.stdout.startswith("specdec demo: 2 prompts"), result.stdout[:500]
+    assert "with speculation adaptive (hybrid draft) and without" in result.stdout.splitlines()[0]
     assert result.stdout.count("[target-only decoding...]") == 2
     assert result.stdout.count("[speculative decoding (adaptive)...]") == 2
     rows = [line for line in result.stdout.splitlines() if re.match(r"(demo-\S+|overall)\s+\d+\s", line)]
