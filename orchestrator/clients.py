@@ -241,6 +241,7 @@ class SpeculateCall:
         self.address = address
         self._call = call
         self._started = time.perf_counter()
+        self._proposal_arrived: float | None = None
 
     async def _read(self, field: str) -> Any:
         try:
@@ -253,17 +254,21 @@ class SpeculateCall:
 
     async def proposal(self) -> Reply[Proposal]:
         response = await self._read("proposal")
-        return _proposal_reply(response, time.perf_counter() - self._started)
+        self._proposal_arrived = time.perf_counter()
+        return _proposal_reply(response, self._proposal_arrived - self._started)
 
     async def branches(self) -> tuple[DraftedAhead, CallTiming]:
-        """The branches; the timing's wall time runs from the start of the call."""
+        """The branches, after proposal(); the timing's wall time runs from the proposal's arrival:
+        what the branches take beyond it (the draft's compute for them, its scheduling of their
+        jobs, their transfer), as the loop waits for them."""
         response = await self._read("branches")
+        assert self._proposal_arrived is not None, "read proposal() first"
         ahead = DraftedAhead(
             branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, _proposal(b))
                            for b in response.branches),
             candidates=tuple(tuple(c.token_ids) for c in response.candidates),
         )
-        return ahead, _timing(time.perf_counter() - self._started, response)
+        return ahead, _timing(time.perf_counter() - self._proposal_arrived, response)
 
     def cancel(self) -> None:
         self._call.cancel()

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from orchestrator.clients import DraftClient, TargetClient
+from orchestrator.clients import DraftClient, SpeculateCall, TargetClient
 from orchestrator.k_policy import KPolicy, LookupChooser, RoundObservation
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
@@ -74,6 +74,17 @@ class GenerationLimits:
     max_num_speculative_tokens: int
     eos_token_ids: frozenset[int]
     draft_retry_rounds: int = 8  # K = 0 rounds between attempts to get a draft back
+
+
+@dataclass(frozen=True)
+class _Branches:
+    """What a Speculate drafted ahead: its branches, their timing (wall time from the proposal's
+    arrival), and the call's round trip up to its proposal when they came on a call of their own
+    (after a hit; None when they followed the round's own proposal)."""
+
+    ahead: DraftedAhead
+    timing: CallTiming
+    hop_seconds: float | None
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ class Generation:
                 self.stats.draft_unavailable_rounds += 1
             proposal = proposed.value if proposed else NO_PROPOSAL
             if ahead_call is not None:
-                draft_side = asyncio.create_task(self.replicas.branches(ahead_call))
+                draft_side = asyncio.create_task(self._branches(ahead_call, hop_seconds=None))
         try:
             verified = await self.replicas.verify(self.committed, proposal)
             ahead = await draft_side if draft_side is not None else None
@@ -200,8 +211,7 @@ class Generation:
                                          lookup_match_lengths=proposal.match_lengths))
         committed = [*proposal.token_ids[: outcome.num_accepted], outcome.next_token_id]
         if ahead is not None:
-            own_call = branch is not None  # after a hit the branches came on a call of their own
-            self._keep_branch(*ahead, proposal, outcome, plan, len(self.committed) + len(committed), own_call)
+            self._keep_branch(ahead, proposal, outcome, plan, len(self.committed) + len(committed))
         return committed
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
@@ -215,10 +225,11 @@ class Generation:
             return None
         return proposal.first(min(num_speculative_tokens, proposal.num_speculative_tokens))
 
-    def _keep_branch(self, ahead: DraftedAhead, timing: CallTiming, proposal: Proposal, outcome: VerifyOutcome,
-                     plan: AheadPlan, committed_length: int, own_call: bool) -> None:
+    def _keep_branch(self, drafted: _Branches, proposal: Proposal, outcome: VerifyOutcome, plan: AheadPlan,
+                     committed_length: int) -> None:
         """Records what the draft drafted ahead of this round: the branch for its outcome (a hit
         next round), or a miss; and where the target's token ranked among the candidates."""
+        ahead, timing = drafted.ahead, drafted.timing
         if not ahead.branches:
             return
         self.stats.pipelined_rounds += 1
@@ -235,7 +246,8 @@ class Generation:
             branches=len(ahead.branches),
             branch_num_speculative_tokens=max(b.proposal.num_speculative_tokens for b in ahead.branches),
             compute_seconds=timing.compute_seconds,
-            wall_seconds=timing.wall_seconds if own_call else None,
+            after_proposal_seconds=timing.wall_seconds,
+            call_hop_seconds=drafted.hop_seconds,
         ))
         branch = ahead.branch_for(outcome.num_accepted, outcome.next_token_id)
         if branch is None:
@@ -243,7 +255,12 @@ class Generation:
         else:
             self._branch = (committed_length, branch)
 
-    async def _adopt(self, proposal: Proposal, plan: AheadPlan) -> tuple[DraftedAhead, CallTiming] | None:
+    async def _branches(self, call: SpeculateCall, hop_seconds: float | None) -> _Branches | None:
+        """A Speculate's branches, once they come (None if they do not)."""
+        received = await self.replicas.branches(call)
+        return None if received is None else _Branches(*received, hop_seconds)
+
+    async def _adopt(self, proposal: Proposal, plan: AheadPlan) -> _Branches | None:
         """A hit's draft side, alongside its Verify: the draft adopts the same branch (told the
         round's new committed tokens) and, when the plan says so, drafts ahead again."""
         if not plan.drafts_ahead:
@@ -261,7 +278,9 @@ class Generation:
             call.cancel()
             return None
         try:
-            return await self.replicas.branches(call)
+            # The branches came on a call of their own: its round trip up to the adopted proposal
+            # is what they wait for beyond their own time.
+            return await self._branches(call, hop_seconds=adopted.timing.wall_seconds)
         finally:
             call.cancel()  # the stream has ended; nothing is cancelled but an unread end
 

@@ -424,7 +424,8 @@ class AdaptiveKController:
                                     observation.rank, observation.candidates, observation.fanout)
         if observation.branches:  # rows per pass: one per branch
             self._ahead.observe_branches(observation.compute_seconds, observation.branch_num_speculative_tokens + 1,
-                                         observation.branches, observation.wall_seconds)
+                                         observation.branches, observation.after_proposal_seconds,
+                                         observation.call_hop_seconds)
 
     def choose_lookup(self, match_lengths: Sequence[int], model_num_speculative_tokens: int | None) -> int:
         """How many of a lookup's proposed tokens this round verifies (orchestrator/lookup_policy.py):

@@ -7,7 +7,7 @@ V(K) = RTT_target + T_pass(R_others + K + 1)). A pipelined round also drafts ahe
 verifies: for every outcome "j of the K drafts accepted, then token t", j = 0..K, t among the
 draft's top f candidates at position j (for j < K the rejected draft d(j+1) excluded, for j = K the
 bonus position's own top f), K' drafts each: (K + 1) f branches, drafted in K' + 1 batched passes
-of up to (K + 1) f rows, T_branch seconds of draft compute. When the outcome has a branch (a hit)
+of up to (K + 1) f rows, T_branch seconds of draft time. When the outcome has a branch (a hit)
 the next round's proposal is already there and no draft call is waited for; otherwise (a miss) the
 next round proposes as usual.
 
@@ -31,14 +31,17 @@ The model, per round of K drafts and fan-out f (f = 0: not pipelined; K = 0 is n
 
   V_s = RTT_target + s T_pass(R_others + K + 1): s >= 1 is the verify slowdown, what the branch
   compute takes from a target sharing the draft's cores (1 apart). hop_hit (RTT_draft, or the
-  measured hop of branch calls): on a hit the branch call starts with the verify. hop_miss: on a
+  measured round trip of branch calls up to their proposal): on a hit the branch call starts with
+  the verify. hop_miss: on a
   miss the branches follow the proposal on the same call (Speculate), so they add no hop of their
   own (0, the default); pass RTT_draft for a design that sends them as a call of their own. With
   hop_miss = hop_hit this is the simpler (1 - h) D(K) + max(V_s, RTT_draft + T_branch).
   Steady state: the next round runs the same K and f, so h_prev = h(K, f) and K' = K.
 - T_branch(rows, passes) = passes (t0 + t1 (rows - 1)), rows = (K + 1) f, passes = K' + 1:
   :class:`BranchCost` fits t0 (pulled to t_draft, one row's pass) and t1 >= 0 (each further row)
-  from the branch calls' reported compute.
+  to what the branches take after their call's proposal as the client sees it (at least the
+  draft's reported compute): the draft runs one job per branch, and their scheduling and transfer
+  grow with the branches, so they belong to T_branch, not to a fixed hop.
 - Choice. Seconds per token as k_controller.seconds_per_token: T / (E(K) - L), E(K) the expected
   committed tokens (unchanged by pipelining: a branch holds the very drafts a Propose would
   draft), L the tokens the other sessions in the verify pass lose to it, (n - 1) r (s T_pass(R_others
@@ -54,7 +57,8 @@ Intended calls (one :class:`PipelineController` per session, `PipelinePriors` pe
                                                                   # the K controller's RoundCosts
     ... the round: Speculate(K, fanout=f, branch K' = K) if f > 0, else Propose(K) ...
     controller.observe_verify(pipelined=f > 0, compute_seconds, predicted_seconds)
-    controller.observe_branches(compute_seconds, passes, rows_per_pass, wall_seconds)  # f > 0
+    controller.observe_branches(compute_seconds, passes, rows_per_pass, after_proposal_seconds,
+                                hop_seconds)  # f > 0
     controller.observe_outcome(bonus=num_accepted == K, rank, candidates, fanout=f)  # f > 0
 
 observe_outcome needs the candidates the draft returned for the outcome's position, so it is
@@ -456,8 +460,9 @@ class BranchCost:
     compute per pass by discounted ridge least squares: t0 pulled towards t_draft (a pass of one
     row is a Propose's pass), t1 >= 0 towards `prior_t1` (None: slope_ratio t_draft). The prior is
     applied when predicting, with the t_draft of the moment, so a fit from one row count keeps
-    t0 near t_draft and puts the rest in t1. Also the branch call's hop (wall - compute), an EWMA.
-    Implements :class:`BranchTime`."""
+    t0 near t_draft and puts the rest in t1. Each sample is the longer of the draft's compute and
+    the client's wait from the proposal to the branches. Also the hop of a branch call of its own
+    (its round trip up to its proposal), an EWMA. Implements :class:`BranchTime`."""
 
     def __init__(
         self,
@@ -486,13 +491,19 @@ class BranchCost:
         self.samples = 0
 
     def observe(self, compute_seconds: float, passes: int, rows_per_pass: int,
-                wall_seconds: float | None = None) -> None:
-        """One branch call: its server compute over `passes` passes of `rows_per_pass` rows; and,
-        if given, the client's wall time for its branches alone (the hop is wall - compute)."""
+                after_proposal_seconds: float | None = None, hop_seconds: float | None = None) -> None:
+        """One branch call: its server compute over `passes` passes of `rows_per_pass` rows;
+        after_proposal_seconds, if given, the time from the proposal's arrival to the branches' at
+        the client, which is what the loop waits for and what the fit takes when it is the longer
+        (it adds the draft's scheduling of one job per branch and their transfer, which grow with
+        the branches, to its compute); hop_seconds, if given, the round trip of a call of their
+        own up to its proposal (after a hit)."""
         if passes < 1 or rows_per_pass < 1:
             raise ValueError(f"passes and rows_per_pass must be >= 1, got {passes}, {rows_per_pass}")
         if compute_seconds < 0.0:
             raise ValueError(f"compute_seconds must be >= 0, got {compute_seconds}")
+        if after_proposal_seconds is not None:
+            compute_seconds = max(compute_seconds, after_proposal_seconds)
         per_pass, x = compute_seconds / passes, float(rows_per_pass - 1)
         keep = self._decay
         self._sw = self._sw * keep + 1.0
@@ -502,8 +513,8 @@ class BranchCost:
         self._sxy = self._sxy * keep + x * per_pass
         self.samples += 1
         self._last_seconds.update(compute_seconds, self.samples)
-        if wall_seconds is not None:
-            self._hop.update(max(0.0, wall_seconds - compute_seconds), self.samples)
+        if hop_seconds is not None:
+            self._hop.update(max(0.0, hop_seconds), self.samples)
 
     def coefficients(self, t_draft: float) -> tuple[float, float]:
         """(t0, t1), both >= 0, given the current t_draft as t0's prior."""
@@ -762,11 +773,12 @@ class PipelineController:
         return self.slowdown.plain_seconds(compute_seconds, pipelined)
 
     def observe_branches(self, compute_seconds: float, passes: int, rows_per_pass: int,
-                         wall_seconds: float | None = None) -> None:
+                         after_proposal_seconds: float | None = None, hop_seconds: float | None = None) -> None:
         """A round's branches: the draft's compute for them, its passes and this session's rows per
-        pass; wall_seconds the client's wall time of the branches alone where it is one (a branch
-        call after a hit; None when they followed a proposal on the same call)."""
-        self.branch_cost.observe(compute_seconds, passes, rows_per_pass, wall_seconds)
+        pass; after_proposal_seconds the client's wait for them from its proposal's arrival;
+        hop_seconds the round trip of their own call up to its proposal (a branch call after a
+        hit; None when they followed the round's own proposal). See BranchCost.observe."""
+        self.branch_cost.observe(compute_seconds, passes, rows_per_pass, after_proposal_seconds, hop_seconds)
         self._publish()
 
     def observe_outcome(self, bonus: bool, rank: int | None, candidates: int | None = None,

@@ -52,7 +52,9 @@ class AheadObservation:
     branches: int  # branches drafted
     branch_num_speculative_tokens: int  # K' of each branch
     compute_seconds: float  # the draft's compute for the branches
-    wall_seconds: float | None  # their own call's wall time (after a hit); None: they followed a proposal
+    after_proposal_seconds: float  # from the proposal's arrival to the branches': what the loop waits
+    call_hop_seconds: float | None  # their own call's round trip to its proposal (after a hit); None:
+    # they followed the round's own proposal
 
 
 class PipelinePolicy(Protocol):

@@ -378,11 +378,34 @@ def test_branch_cost_fits_the_line() -> None:
     for index in range(300):
         rows, passes = (4, 4) if index % 2 else (15, 5)
         seconds = passes * (t0 + t1 * (rows - 1)) * rng.uniform(0.95, 1.05)
-        cost.observe(seconds, passes, rows, wall_seconds=seconds + 0.02 * rng.uniform(0.9, 1.1))
+        cost.observe(seconds, passes, rows, hop_seconds=0.02 * rng.uniform(0.9, 1.1))
     fitted_t0, fitted_t1 = cost.coefficients(t_draft=0.004)  # the prior is outweighed
     assert fitted_t0 == pytest.approx(t0, rel=0.1)
     assert fitted_t1 == pytest.approx(t1, rel=0.1)
     assert cost.hop_seconds(0.5) == pytest.approx(0.02, rel=0.1)
+
+
+def test_branch_cost_charges_the_wait_for_the_branches_to_them_not_to_the_hop() -> None:
+    # The draft runs one job per branch: beyond its compute, scheduling them and sending them back
+    # takes time that grows with the branches. A wide call (15 rows) waits 3x its compute, a narrow
+    # one (3 rows) about its compute. Were the excess a fixed hop, as it once was, the wide calls
+    # would make every narrow one look as slow (a 0.2 s hop on a 0.07 s verify: never worth it).
+    cost = BranchCost(slope_ratio=0.0)
+    t0, t1, overhead_per_row = 0.006, 0.0015, 0.004
+    for index in range(300):
+        rows, passes = (3, 2) if index % 2 else (15, 5)
+        compute = passes * (t0 + t1 * (rows - 1))
+        waited = compute + passes * overhead_per_row * (rows - 1)
+        hop = 0.01 if index % 3 == 0 else None  # measured only on calls of their own
+        cost.observe(compute, passes, rows, after_proposal_seconds=waited, hop_seconds=hop)
+    assert cost.hop_seconds(0.5) == pytest.approx(0.01)
+    assert cost.seconds(15, 5, t_draft=0.006) == pytest.approx(5 * (t0 + (t1 + overhead_per_row) * 14), rel=0.05)
+    assert cost.seconds(3, 2, t_draft=0.006) == pytest.approx(2 * (t0 + (t1 + overhead_per_row) * 2), rel=0.05)
+    # a wait shorter than the reported compute (clocks apart) never makes the branches cheaper
+    quick = BranchCost(slope_ratio=0.0)
+    for _ in range(100):
+        quick.observe(0.02, 2, 3, after_proposal_seconds=0.001)
+    assert quick.seconds(3, 2, t_draft=0.006) == pytest.approx(0.02, rel=0.05)
 
 
 def test_branch_cost_from_one_row_count_keeps_t0_at_the_draft_time() -> None:
@@ -435,7 +458,7 @@ def test_pool_priors_seed_new_sessions() -> None:
     first = PipelineController(priors=pool)
     for _ in range(200):
         first.observe_outcome(False, 1, candidates=7, fanout=1)  # the correction always the first
-        first.observe_branches(0.05, 5, 10, wall_seconds=0.07)
+        first.observe_branches(0.05, 5, 10, hop_seconds=0.02)
     snapshot = pool.snapshot()
     assert snapshot.c_corr is not None and snapshot.c_corr[0] > 0.9
     assert snapshot.c_bonus is None  # no bonus outcome measured
@@ -481,7 +504,7 @@ def play(controller: PipelineController, world: World, rounds: int, seed: int = 
             continue
         rows, passes = branch_rows(num, fanout), branch_passes(num)
         seconds = passes * (world.t_draft + world.branch_t1 * (rows - 1))
-        controller.observe_branches(seconds, passes, rows, wall_seconds=seconds + world.rtt_draft)
+        controller.observe_branches(seconds, passes, rows, after_proposal_seconds=seconds, hop_seconds=world.rtt_draft)
         bonus = accepted == num
         rank = draw_rank(rng, bonus_probabilities if bonus else corr_probabilities)
         controller.observe_outcome(bonus, rank, candidates=MAX_F if bonus else MAX_F - 1, fanout=fanout)
