@@ -32,9 +32,9 @@ The model, per round of K drafts and fan-out f (f = 0: not pipelined; K = 0 is n
   V_s = RTT_target + s T_pass(R_others + K + 1): s >= 1 is the verify slowdown, what the branch
   compute takes from a target sharing the draft's cores (1 apart). hop_hit (RTT_draft, or the
   measured round trip of branch calls up to their proposal): on a hit the branch call starts with
-  the verify. hop_miss: on a
-  miss the branches follow the proposal on the same call (Speculate), so they add no hop of their
-  own (0, the default); pass RTT_draft for a design that sends them as a call of their own. With
+  the verify. hop_miss: on a miss the branches follow the proposal on the same call (Speculate),
+  so they add no hop of their own (0, the default); pass RTT_draft for a design that sends them as
+  a call of their own. With
   hop_miss = hop_hit this is the simpler (1 - h) D(K) + max(V_s, RTT_draft + T_branch).
   Steady state: the next round runs the same K and f, so h_prev = h(K, f) and K' = K.
 - T_branch(rows, passes) = passes (t0 + t1 (rows - 1)), rows = (K + 1) f, passes = K' + 1:
