@@ -502,9 +502,8 @@ class BranchCost:
             raise ValueError(f"passes and rows_per_pass must be >= 1, got {passes}, {rows_per_pass}")
         if compute_seconds < 0.0:
             raise ValueError(f"compute_seconds must be >= 0, got {compute_seconds}")
-        if after_proposal_seconds is not None:
-            compute_seconds = max(compute_seconds, after_proposal_seconds)
-        per_pass, x = compute_seconds / passes, float(rows_per_pass - 1)
+        seconds = compute_seconds if after_proposal_seconds is None else max(compute_seconds, after_proposal_seconds)
+        per_pass, x = seconds / passes, float(rows_per_pass - 1)
         keep = self._decay
         self._sw = self._sw * keep + 1.0
         self._sx = self._sx * keep + x
@@ -512,7 +511,7 @@ class BranchCost:
         self._sy = self._sy * keep + per_pass
         self._sxy = self._sxy * keep + x * per_pass
         self.samples += 1
-        self._last_seconds.update(compute_seconds, self.samples)
+        self._last_seconds.update(seconds, self.samples)
         if hop_seconds is not None:
             self._hop.update(max(0.0, hop_seconds), self.samples)
 
@@ -545,7 +544,8 @@ class BranchCost:
 
     @property
     def measured_seconds(self) -> float | None:
-        """EWMA of the branch calls' compute seconds, None before any."""
+        """EWMA of the branch calls' seconds as fitted (compute, or the longer wait after the
+        proposal), None before any."""
         return self._last_seconds.value
 
 
