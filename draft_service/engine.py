@@ -23,14 +23,7 @@ from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
 from specdec.protocol import Proposal, SparseDistribution
 from specdec.ragged import Feed, Job
-from specdec.sampling import (
-    SamplingParams,
-    keyed_uniform,
-    process_logits,
-    sample_categorical,
-    sparse_to_dense,
-    truncate_top_m,
-)
+from specdec.sampling import SamplingParams, draft_distribution, keyed_uniform, sample_sparse
 
 # Candidate ids kept per drafted position: the fan-out is at most this, and the orchestrator learns
 # from the rest how often a larger fan-out would have hit.
@@ -146,13 +139,10 @@ class DraftEngine:
     ) -> tuple[int, SparseDistribution | None]:
         if sampling.greedy:
             return int(logits.argmax()), None
-        probs = process_logits(logits, sampling)  # (V,)
-        ids, wire_probs = truncate_top_m(probs, self.top_m)
+        ids, wire_probs = draft_distribution(logits, sampling, self.top_m)
         # Sample from the very vector that is sent, read the way the target reads it.
-        dense = sparse_to_dense(ids, wire_probs, probs.shape[-1]).unsqueeze(0)  # (1, V)
-        uniform = torch.tensor([keyed_uniform(sampling.seed, position, "draft")], dtype=torch.float64)
-        sent = SparseDistribution(tuple(ids.tolist()), tuple(wire_probs.tolist()))
-        return int(sample_categorical(dense, uniform)[0]), sent
+        token = sample_sparse(ids, wire_probs, keyed_uniform(sampling.seed, position, "draft"))
+        return token, SparseDistribution(tuple(ids.tolist()), tuple(wire_probs.tolist()))
 
 
 def top_candidates(logits: torch.Tensor) -> list[int]:

@@ -103,7 +103,8 @@ class DraftService(SessionService[DraftSessionState]):
             if branch_num_speculative_tokens < 1:
                 return nothing()
             try:
-                bonus = await self.worker.run_job(lambda: self.engine.bonus_logits(state))
+                bonus = await self.worker.run_job(lambda: self.engine.bonus_logits(state),
+                                                  on_behalf_of=handle.session_id)
             except Overloaded:  # drafting ahead is an optimisation: never a reason to fail
                 return nothing()
             bonus_cache, bonus_logits = bonus.value
@@ -117,7 +118,8 @@ class DraftService(SessionService[DraftSessionState]):
                 return lambda: self.engine.branch(state, parent, j, t, branch_num_speculative_tokens)
 
             # Every branch job runs to its end (none is left half-fed) before a failure is raised.
-            branched = await asyncio.gather(*(self.worker.run_job(job(j, t)) for j, t in outcomes),
+            branched = await asyncio.gather(*(self.worker.run_job(job(j, t), on_behalf_of=handle.session_id)
+                                              for j, t in outcomes),
                                             return_exceptions=True)
             failures = [timed for timed in branched if isinstance(timed, BaseException)]
             if any(isinstance(failure, Overloaded) for failure in failures):

@@ -74,6 +74,64 @@ def truncate_top_m(probs: torch.Tensor, top_m: int) -> tuple[torch.Tensor, torch
     return token_ids, (values / values.sum()).to(torch.float32)
 
 
+def draft_distribution(
+    logits: torch.Tensor, params: SamplingParams, top_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's wire distribution for one position: ``truncate_top_m(process_logits(logits,
+    params), top_m)``, computed from the top-M logits instead of the whole vocabulary.
+
+    logits: (V,) -> (token_ids (M',) int64, probs (M',) float32). Only the top-M + 1 logits are
+    taken to float64; top-p alone needs the normaliser over the vocabulary (one log-sum-exp, no
+    sort). Equal to the composition up to float rounding; where two of the top M + 1 logits tie,
+    which of them is kept depends on sort order, so that case is handed to the composition itself.
+    Greedy params are too (a one-hot: nothing to save).
+    """
+    if not 1 <= top_m <= MAX_DRAFT_TOP_M:
+        raise ValueError(f"top_m must be in [1, {MAX_DRAFT_TOP_M}], got {top_m}")
+    vocab_size = logits.shape[-1]
+    values, token_ids = torch.topk(logits, min(top_m + 1, vocab_size))  # descending
+    finite = values > -math.inf  # a restricted head's logits are -inf outside its ids
+    if params.greedy or bool(((values[:-1] == values[1:]) & finite[:-1]).any()):
+        return truncate_top_m(process_logits(logits, params), top_m)
+    scores = values.to(torch.float64) / params.temperature
+    kept = finite
+    top_k = 0 < params.top_k < vocab_size
+    if top_k:
+        kth = values[params.top_k - 1] if params.top_k <= values.numel() else torch.topk(logits, params.top_k).values[-1]
+        kth_score = kth.to(torch.float64) / params.temperature
+        kept &= scores >= kth_score
+    if params.top_p < 1.0:
+        # A token stays in the nucleus while the mass ranked above it is below top_p (the
+        # smallest set whose mass reaches top_p; the first always, top_p > 0); the mass is taken
+        # over what top-k left.
+        everything = logits.to(torch.float64) / params.temperature
+        if top_k:
+            everything = everything.masked_fill(everything < kth_score, -math.inf)
+        probs = (scores - torch.logsumexp(everything, -1)).exp().masked_fill(~kept, 0.0)
+        above = probs.cumsum(-1) - probs
+        kept &= above < params.top_p
+    scores, token_ids = scores[:top_m], token_ids[:top_m]
+    kept = kept[:top_m]
+    probs = (scores[kept] - scores[0]).exp()
+    token_ids = token_ids[kept]
+    nonzero = probs > 0
+    probs, token_ids = probs[nonzero], token_ids[nonzero]
+    return token_ids, (probs / probs.sum()).to(torch.float32)
+
+
+def sample_sparse(token_ids: torch.Tensor, probs: torch.Tensor, uniform: float) -> int:
+    """``sample_categorical(sparse_to_dense(token_ids, probs, V), u)`` without the (V,) vector: the
+    same normalised values and the same inverse CDF in token-id order (the dense vector's zeros
+    add nothing to its running sum), so the same token."""
+    values = probs.to(torch.float64)
+    values = values / values.sum()
+    order = token_ids.argsort()
+    cdf = values[order].cumsum(-1)
+    threshold = torch.tensor([uniform * float(cdf[-1])], dtype=torch.float64)
+    chosen = int(torch.searchsorted(cdf, threshold, right=True)[0])
+    return int(token_ids[order[min(chosen, cdf.numel() - 1)]])
+
+
 def sparse_to_dense(token_ids: torch.Tensor, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The one reading of a sent q~, shared by the draft (to sample) and the target (to test).
 

@@ -115,6 +115,7 @@ class _Entry:
     make_job: Callable[[], Job] | None = None
     fn: Callable[[], Any] | None = None
     key: str | None = None  # the session a job belongs to (sessions due back are waited for)
+    on_behalf_of: str | None = None  # a session this job works for between its calls (see run_job)
     submitted: float = field(default_factory=time.perf_counter)
     job: Job | None = None
     feed: Feed | None = None  # what the job feeds next
@@ -173,13 +174,17 @@ class ModelWorker:
         """fn() on the model thread, alone (no other job of this worker runs meanwhile)."""
         return await self._submit(_Entry(concurrent.futures.Future(), fn=fn))
 
-    async def run_job(self, make_job: Callable[[], Job], key: str | None = None) -> Timed:
+    async def run_job(self, make_job: Callable[[], Job], key: str | None = None,
+                      on_behalf_of: str | None = None) -> Timed:
         """Runs the job make_job() returns (made on the model thread), batched with others. key
         names the session: a session whose job just finished and whose next one is due back
-        within its usual round trip is waited for, briefly, so that it joins the next pass."""
+        within its usual round trip is waited for, briefly, so that it joins the next pass.
+        on_behalf_of names a session this job works for after its call has answered (drafting
+        ahead): while such a job runs, its session is here, not due back, and nobody waits for it."""
         if self._model is None:
             raise RuntimeError("this worker has no model to run jobs on")
-        return await self._submit(_Entry(concurrent.futures.Future(), make_job=make_job, key=key))
+        return await self._submit(_Entry(concurrent.futures.Future(), make_job=make_job, key=key,
+                                         on_behalf_of=on_behalf_of))
 
     async def _submit(self, entry: _Entry) -> Timed:
         if self._closed:
@@ -251,14 +256,20 @@ class ModelWorker:
         now = time.perf_counter()
         due = self._return_gap * 1.5
         self._served = {k: t for k, t in self._served.items() if now - t < _MAX_RETURN_GAP}
-        expected = [t + due for t in self._served.values() if t + due > now]
+        expected = [t + due for t in self._absent_served() if t + due > now]
         if not expected:
             return
         deadline = min(max(expected), now + 0.5 * self._last_pass_seconds)
-        while now < deadline and any(t + due > now for t in self._served.values()):
+        while now < deadline and any(t + due > now for t in self._absent_served()):
             self._arrived.wait(deadline - now)
             self._admit()
             now = time.perf_counter()
+
+    def _absent_served(self) -> list[float]:
+        """When each recently served session finished, leaving out those that jobs working on
+        their behalf show to be here. Call with the lock held."""
+        here = {e.on_behalf_of for e in (*self._active, *self._waiting)}
+        return [t for key, t in self._served.items() if key not in here]
 
     def _admit(self) -> _Entry | None:
         """Moves waiting jobs to the active set in order; returns a plain call to run alone once

@@ -232,3 +232,51 @@ def test_sessions_due_back_are_waited_for_so_they_share_a_pass(model, monkeypatc
     sizes = asyncio.run(scenario())
     assert sum(sizes) == 24
     assert sizes.count(2) >= 8, sizes
+
+
+@pytest.mark.parametrize("on_behalf", [True, False], ids=["on-behalf", "anonymous"])
+def test_jobs_on_behalf_of_a_session_do_not_wait_for_it(model, monkeypatch, on_behalf):
+    """A session served a moment ago is due back after its caller's round trip (here 0.2 s), and
+    a pass waits for it. Jobs that work for that session after its call answered (the draft's
+    branches) show it is here: their passes do not wait. Without on_behalf_of they do (the
+    control case, so the check can fail)."""
+    import specdec.ragged as ragged
+
+    real_forward = ragged.forward
+
+    def slow_forward(model, feeds):
+        time.sleep(0.02)
+        return real_forward(model, feeds)
+
+    monkeypatch.setattr(ragged, "forward", slow_forward)
+    cache = SequenceCache(model)
+    cache.feed([1, 2, 3])
+
+    def steps(branch: SequenceCache, count: int):
+        for token in range(count):
+            yield Feed(branch, [4 + token])
+
+    class CountingCondition(threading.Condition):
+        waits = 0
+
+        def wait(self, timeout=None):
+            CountingCondition.waits += 1
+            return super().wait(timeout)
+
+    async def scenario():
+        worker = ModelWorker(model=model)
+        worker._arrived = CountingCondition(worker._lock)
+        for _ in range(3):  # the session's calls, 0.2 s apart: its round trip is learnt
+            await worker.run_job(lambda: steps(cache, 1), key="s")
+            cache.truncate(3)
+            await asyncio.sleep(0.2)
+        await worker.run_job(lambda: steps(cache, 1), key="s")
+        CountingCondition.waits = 0
+        branches = [cache.fork(len(cache)) for _ in range(3)]
+        behalf = "s" if on_behalf else None
+        await asyncio.gather(*(worker.run_job(lambda b=b: steps(b, 4), on_behalf_of=behalf) for b in branches))
+        worker.shutdown()
+        return CountingCondition.waits
+
+    waits = asyncio.run(scenario())
+    assert (waits == 0) if on_behalf else (waits >= 1), waits

@@ -24,9 +24,11 @@ from transformers import (
 from specdec.sampling import (
     MAX_DRAFT_TOP_M,
     SamplingParams,
+    draft_distribution,
     keyed_uniform,
     process_logits,
     sample_categorical,
+    sample_sparse,
     sparse_to_dense,
     truncate_top_m,
     verify_greedy,
@@ -224,6 +226,66 @@ def test_truncate_then_dense_with_full_support_is_the_distribution_up_to_float32
     probs = process_logits(logits, SamplingParams(temperature=1.0))
     dense = sparse_to_dense(*truncate_top_m(probs, 12), 12)
     torch.testing.assert_close(dense, probs, rtol=4e-7, atol=0)
+
+
+# ----------------------------------------------------------------------------- draft_distribution
+
+
+def _restricted(generator: torch.Generator, logits: torch.Tensor, kept_share: float) -> torch.Tensor:
+    """A restricted draft head's logits: -inf outside a random share of the ids (the first kept)."""
+    outside = torch.rand(logits.shape[-1], generator=generator) > kept_share
+    outside[0] = False
+    return logits.masked_fill(outside, -math.inf)
+
+
+@pytest.mark.parametrize("vocab_size", [1, 2, 9, 70, 300])
+def test_draft_distribution_is_truncate_top_m_of_process_logits(vocab_size):
+    """The draft's wire distribution from the top-M logits equals the composition over the whole
+    vocabulary: the same ids in the same order and the same float32 values up to rounding, for
+    every temperature, top-k and top-p, with and without -inf logits and with ties (handed to the
+    composition)."""
+    generator = torch.Generator().manual_seed(vocab_size)
+    checked = 0
+    for case in range(6):
+        ties = case == 5
+        logits = random_logits(generator, 1, vocab_size, ties)[0].to(torch.float32)
+        if case in (3, 4):
+            logits = _restricted(generator, logits, kept_share=0.3)
+        for temperature in [0.25, 0.7, 1.3]:
+            for top_k in sorted({0, 1, 3, 65, vocab_size}):
+                for top_p in [0.05, 0.5, 0.9, 1.0]:
+                    for top_m in [1, 7, MAX_DRAFT_TOP_M]:
+                        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+                        want_ids, want = truncate_top_m(process_logits(logits, params), top_m)
+                        got_ids, got = draft_distribution(logits, params, top_m)
+                        assert got_ids.dtype == torch.int64 and got.dtype == torch.float32
+                        assert torch.equal(got_ids, want_ids), (params, top_m)
+                        torch.testing.assert_close(got, want, rtol=2e-7, atol=0, msg=str(params))
+                        checked += 1
+    assert checked >= 6 * 3 * 2 * 4 * 3
+
+
+def test_draft_distribution_greedy_and_bounds():
+    logits = torch.tensor([0.5, 2.0, -1.0, 2.5])
+    ids, probs = draft_distribution(logits, SamplingParams(), 4)
+    assert ids.tolist() == [3] and probs.tolist() == [1.0]
+    for top_m in [0, MAX_DRAFT_TOP_M + 1]:
+        with pytest.raises(ValueError):
+            draft_distribution(logits, SamplingParams(temperature=1.0), top_m)
+
+
+def test_sample_sparse_draws_what_the_dense_reading_draws():
+    """The same token as sample_categorical over sparse_to_dense for every uniform of a grid and
+    at both ends, so the draft samples from exactly the q~ the target reads."""
+    generator = torch.Generator().manual_seed(11)
+    for vocab_size in [3, 50, 1000]:
+        for _ in range(10):
+            logits = 2 * torch.randn(vocab_size, generator=generator)
+            ids, probs = draft_distribution(logits, SamplingParams(temperature=0.8), MAX_DRAFT_TOP_M)
+            dense = sparse_to_dense(ids, probs, vocab_size)
+            uniforms = torch.cat([grid_uniforms(257), torch.tensor([0.0, LARGEST_UNIFORM], dtype=torch.float64)])
+            want = sample_categorical(dense.expand(len(uniforms), -1), uniforms).tolist()
+            assert [sample_sparse(ids, probs, float(u)) for u in uniforms] == want
 
 
 # ----------------------------------------------------------------------------- sample_categorical
