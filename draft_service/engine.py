@@ -23,7 +23,12 @@ from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
 from specdec.protocol import Proposal, SparseDistribution
 from specdec.ragged import Feed, Job
-from specdec.sampling import SamplingParams, draft_distribution, keyed_uniform, sample_sparse
+from specdec.sampling import (
+    SamplingParams,
+    draft_distribution,
+    keyed_uniform,
+    sample_sparse,
+)
 
 # Candidate ids kept per drafted position: the fan-out is at most this, and the orchestrator learns
 # from the rest how often a larger fan-out would have hit.

@@ -240,7 +240,7 @@ def test_jobs_on_behalf_of_a_session_do_not_wait_for_it(model, monkeypatch, on_b
     a pass waits for it. Jobs that work for that session after its call answered (the draft's
     branches) show it is here: their passes do not wait. Without on_behalf_of they do (the
     control case, so the check can fail)."""
-    import specdec.ragged as ragged
+    from specdec import ragged
 
     real_forward = ragged.forward
 
