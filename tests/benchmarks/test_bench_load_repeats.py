@@ -1,6 +1,7 @@
 """bench_load --repeats: a cell's rounds are merged into one (means of figures, sums of counts) and
 the spread of speculation off over its rounds is the run's noise, the margin of the "adaptive never
-below off" goal (never less than the fixed 5 %). Pure functions on cell records: no services."""
+below off" goal (never less than the fixed 5 %); the stack runs the draft method `specdec up` runs.
+Pure functions on cell records and the arguments: no services."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_load
+
+from specdec_cli.stack import StackConfig
 
 
 def _cell(schedule: str, streams: int, tps: float, requests: int = 10) -> dict:
@@ -54,3 +57,12 @@ def test_one_round_has_no_measured_noise_and_the_goal_keeps_its_floor():
     (never_below,) = [g for g in bench_load.goals(mixed, {}, config) if g["goal"].startswith("adaptive over off at every")]
     assert never_below["value"] == pytest.approx(37.6 / 40.2) and never_below["met"] is False
     assert never_below["threshold"] == pytest.approx(1.0 - bench_load.NOISE)
+
+
+def test_the_stack_runs_the_draft_method_specdec_up_runs_unless_told():
+    default = bench_load.parse_args(["--streams", "1", "--skip-hf"])
+    assert default.draft_method == StackConfig.draft_method == "hybrid"
+    assert "(hybrid draft method)" in bench_load.describe(default, {"cpu_count": 2})[0]
+    assert bench_load.parse_args(["--draft-method", "model", "--skip-hf"]).draft_method == "model"
+    with pytest.raises(SystemExit):
+        bench_load.parse_args(["--draft-method", "ngram"])  # a local stack always runs a model draft

@@ -65,6 +65,7 @@ def test_the_tables_and_goals_are_printed(quick_run):
         assert any(line.startswith(schedule) for line in stdout.splitlines()), schedule
     assert "TTFT p50" in stdout and "slowest/median" in stdout and "Goals:" in stdout
     assert "HF float32 tok/s" in stdout
+    assert data["config"]["draft_method"] == "hybrid" and "(hybrid draft method)" in stdout
     assert data["goals"] and all("met" in goal for goal in data["goals"])
 
 
