@@ -97,7 +97,10 @@ def draft_distribution(
     kept = finite
     top_k = 0 < params.top_k < vocab_size
     if top_k:
-        kth = values[params.top_k - 1] if params.top_k <= values.numel() else torch.topk(logits, params.top_k).values[-1]
+        if params.top_k <= values.numel():
+            kth = values[params.top_k - 1]
+        else:
+            kth = torch.topk(logits, params.top_k).values[-1]
         kth_score = kth.to(torch.float64) / params.temperature
         kept &= scores >= kth_score
     if params.top_p < 1.0:
