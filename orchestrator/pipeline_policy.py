@@ -588,6 +588,49 @@ class VerifySlowdown:
 
 
 # ---------------------------------------------------------------------------------------------
+# Probes
+
+
+class ProbeSchedule:
+    """When a round that would not draft ahead runs one at fan-out 1 instead (a probe), to measure
+    what the estimates that turned pipelining off only guessed: after `interval` such plain
+    rounds, an interval that doubles (up to `max_interval`) while probes leave pipelining off and
+    starts over when one turns it on or a round drafts ahead by decision. Shared by a pool's
+    sessions (:meth:`PipelinePriors.probes`), it counts the plain rounds of all of them: sessions
+    shorter than the interval, which start from the pool's estimates, still get probes.
+    Thread-safe."""
+
+    def __init__(self, interval: int, max_interval: int) -> None:
+        if interval < 0 or max_interval < interval:
+            raise ValueError(f"need 0 <= interval <= max_interval, got {interval}, {max_interval}")
+        self._base = self._interval = interval
+        self._max = max_interval
+        self._plain = 0
+        self._lock = threading.Lock()
+
+    def due(self) -> bool:
+        """Called for a plain round that could draft ahead: whether it should probe instead."""
+        with self._lock:
+            if not self._interval:
+                return False  # probes off
+            if self._plain >= self._interval:
+                self._plain = 0
+                return True
+            self._plain += 1
+            return False
+
+    def probed(self, turned_on: bool) -> None:
+        """What the probe's estimates decided for the round after it."""
+        with self._lock:
+            self._interval = self._base if turned_on else min(self._max, 2 * self._interval)
+
+    def drafting_ahead(self) -> None:
+        """A round drafts ahead by decision: the plain rounds start over."""
+        with self._lock:
+            self._plain = 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Pool priors
 
 
@@ -616,6 +659,14 @@ class PipelinePriors:
         self._weight = weight
         self._current = initial if initial is not None else PipelinePriorEstimates()
         self._lock = threading.Lock()
+        self._probes: ProbeSchedule | None = None
+
+    def probes(self, interval: int, max_interval: int) -> ProbeSchedule:
+        """The pool's probe schedule (made with the first caller's intervals)."""
+        with self._lock:
+            if self._probes is None:
+                self._probes = ProbeSchedule(interval, max_interval)
+            return self._probes
 
     def snapshot(self) -> PipelinePriorEstimates:
         with self._lock:
@@ -668,9 +719,10 @@ class PipelineConfig:
     # While pipelining, one plain round after this many pipelined ones, so that the verify
     # slowdown keeps a fresh baseline (0: never).
     refresh_interval_rounds: int = 64
-    # While not pipelining (K >= 1), a round at fan-out 1 after this many plain ones, to measure
-    # the ranks, the branch cost and the slowdown the priors guessed; the interval doubles (up to
-    # the max) while probes leave pipelining off (0: never probe).
+    # While not pipelining (K >= 1), a round at fan-out 1 after this many plain ones (counted over
+    # the pool's sessions when the controller has pool priors: ProbeSchedule), to measure the
+    # ranks, the branch cost and the slowdown the priors guessed; the interval doubles (up to the
+    # max) while probes leave pipelining off (0: never probe).
     probe_interval_rounds: int = 32
     probe_interval_max_rounds: int = 512
 
@@ -715,7 +767,9 @@ class PipelineController:
         self._returned = (0, 0)  # what choose() last returned
         self._last: tuple[float | Sequence[float], RoundCosts] | None = None
         self._rounds_in_mode = 0  # rounds since the last one of the other kind (plain / ahead)
-        self._probe_interval = cfg.probe_interval_rounds
+        self._probes = (priors.probes(cfg.probe_interval_rounds, cfg.probe_interval_max_rounds)
+                        if priors is not None
+                        else ProbeSchedule(cfg.probe_interval_rounds, cfg.probe_interval_max_rounds))
         self._probing = False
 
     # -- decisions -------------------------------------------------------------------------------
@@ -742,18 +796,16 @@ class PipelineController:
             best = current
         if self._probing:  # the probe round just run: did it turn pipelining on?
             self._probing = False
-            if best[1] == 0:
-                self._probe_interval = min(cfg.probe_interval_max_rounds, 2 * self._probe_interval)
-            else:
-                self._probe_interval = cfg.probe_interval_rounds
+            self._probes.probed(turned_on=best[1] > 0)
         self._choice = best
         self._last = (alpha, costs)
         num, fanout = best
         ahead = fanout > 0
+        if ahead:
+            self._probes.drafting_ahead()
         if ahead and cfg.refresh_interval_rounds and self._rounds_in_mode >= cfg.refresh_interval_rounds:
             fanout, ahead = 0, False  # a refresh: one plain round
-        elif (not ahead and num >= 1 and max_fanout >= 1 and self._probe_interval
-              and self._rounds_in_mode >= self._probe_interval):
+        elif not ahead and num >= 1 and max_fanout >= 1 and self._probes.due():
             fanout, ahead, self._probing = 1, True, True  # a probe: one round at fan-out 1
         was_ahead = self._returned[1] > 0
         self._rounds_in_mode = self._rounds_in_mode + 1 if ahead == was_ahead else 1

@@ -562,6 +562,24 @@ def test_controller_refreshes_while_on_and_probes_while_off() -> None:
     assert all(fanout == 1 for index, (_, fanout) in enumerate(off) if index in probes[1:])
 
 
+def test_short_sessions_of_a_pool_still_probe() -> None:
+    """Sessions of 4 rounds, each shorter than the probe interval, one after another on the pool's
+    priors: once the pool has learnt that drafting ahead does not pay, a new session starts with
+    it off, and only probes counted over the pool's plain rounds ever measure it again."""
+    config = PipelineConfig(probe_interval_rounds=5, probe_interval_max_rounds=20)
+    priors = PipelinePriors()
+    choices: list[tuple[int, int]] = []
+    for session in range(60):
+        controller = PipelineController(config, priors)
+        choices += play(controller, World(branch_t1=0.05), 4, seed=session).choices
+    ahead = [index for index, (_, fanout) in enumerate(choices) if fanout > 0]
+    late = [index for index in ahead if index >= 80]
+    assert len(late) >= 4, ahead
+    assert all(later - earlier <= 21 for earlier, later in pairwise(late))  # capped at 20 plain rounds
+    assert all(choices[index][1] == 1 for index in late)  # probes, not a decision to pipeline
+    assert len(ahead) < len(choices) / 5
+
+
 def test_controller_never_pipelines_k_zero() -> None:
     controller = PipelineController(PipelineConfig(probe_interval_rounds=1))
     for _ in range(5):
