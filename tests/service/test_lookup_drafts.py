@@ -34,6 +34,7 @@ from tests import stack as stack_module
 from tests import tiny_models
 from tests.http.test_openai_api import post_raw
 from tests.service import test_sampling_services as sampling
+from tests.waiting import eventually
 
 MAX_NEW_TOKENS = 32
 
@@ -372,6 +373,10 @@ def test_through_an_orchestrator_each_tokens_sessions_fill_their_own_partition_o
         outputs = _generate_for_clients(running.address, tokens, prompts[:4], references)
         caches = lookup_service.caches
         assert set(caches) == {token_partition(token) for token in tokens}  # no session without one
+        # The orchestrator releases a draft session after its client has the last tokens: wait
+        # for the last request's Release before counting.
+        eventually(lambda: all(len(caches[token_partition(token)].entries()) >= len(outputs[token])
+                               for token in tokens), "every request's draft session released")
         for token in tokens:
             # A session's output joins at Release: the output as far as the draft was told it
             # (the last round's tokens are never sent to it).
