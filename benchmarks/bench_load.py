@@ -98,6 +98,7 @@ class BenchConfig:
     dtype: str | None  # the services' --dtype (None: their default, auto)
     device: str | None  # the services' --device (None: their default, cpu)
     draft_method: str  # the orchestrator's --draft-method, as `specdec up --draft-method` takes it
+    packed_rows: str | None  # the model services' --packed-rows (None: their default, auto)
     hf_dtypes: tuple[str, ...]
     hf_seconds: float  # timed HF generate calls per batch size run until this many seconds
     skip_hf: bool
@@ -169,6 +170,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--draft-method", choices=STACK_DRAFT_METHODS, default=StackConfig.draft_method,
                         help="the stack's draft method, as `specdec up --draft-method` "
                              f"(default {StackConfig.draft_method}, as `specdec up` runs)")
+    parser.add_argument("--packed-rows", default=None,
+                        help="the model services' --packed-rows, auto, off or N,N (default: theirs, auto)")
     parser.add_argument("--hf-dtypes", help=f"dtypes of the HF anchor (default {FULL['hf_dtypes']})")
     parser.add_argument("--hf-seconds", type=float,
                         help=f"timed HF generate per batch size, at least (default {FULL['hf_seconds']:g})")
@@ -194,7 +197,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
             seconds_per_cell=float(pick("seconds_per_cell")), max_new_tokens=int(pick("max_new_tokens")),
             drain_seconds=float(pick("drain_seconds")), target=args.target, draft=args.draft,
             dtype=args.dtype, device=args.device, draft_method=args.draft_method,
-            hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
+            packed_rows=args.packed_rows, hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
             hf_seconds=float(pick("hf_seconds")), skip_hf=args.skip_hf, seed=args.seed, repeats=args.repeats,
             quick=args.quick,
             out=args.out, name=args.name or common.utc_stamp(),
@@ -766,8 +769,10 @@ def render_hf(cells: list[dict], hf: dict, config: BenchConfig, markdown: bool) 
 def describe(config: BenchConfig, environment: dict) -> list[str]:
     setup = (f"Closed-loop streams, {config.seconds_per_cell:g} s window per cell, {config.max_new_tokens} new "
              f"tokens per request, greedy; target {config.target}, draft {config.draft} ({config.draft_method} "
-             f"draft method), services' dtype {config.dtype or 'default (auto)'}, default service flags; "
-             f"{environment.get('cpu_count')} CPUs."
+             f"draft method), services' dtype {config.dtype or 'default (auto)'}, "
+             + (f"--packed-rows {config.packed_rows}, other service flags default; " if config.packed_rows
+                else "default service flags; ")
+             + f"{environment.get('cpu_count')} CPUs."
              + (f" Each cell: the mean of {config.repeats} rounds, interleaved with the other schedules' "
                 "(tok/s of each round in the JSON)." if config.repeats > 1 else ""))
     legend = ("tok/s: all streams' tokens that arrived inside the window / the window. TTFT and ITL in ms "
@@ -811,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = list(common.prompt_sets().BENCHMARK_PROMPTS)
     environment = common.environment()
     stack_config = StackConfig(target=config.target, draft=config.draft, device=config.device,
-                               dtype=config.dtype, port=0, echo=False, draft_method=config.draft_method)
+                               dtype=config.dtype, port=0, echo=False, draft_method=config.draft_method,
+                               packed_rows=config.packed_rows)
     common.prepare_default_models(stack_config)
     cell_count = len(config.streams) * len(config.schedules) * config.repeats
     hf_steps = 0 if config.skip_hf else len(config.streams) * len(config.hf_dtypes)

@@ -1,7 +1,9 @@
 """What a target pass over n tokens costs relative to one (T_verify(n) / T_verify(1), the verify
 cost in docs/architecture.md, "Choosing K"), through Hugging Face's own cache and sdpa attention and
 through specdec's (specdec/kv_cache.py and the ragged attention of specdec/attention.py, which
-keeps grouped-query key/value heads unrepeated under a mask), alternating in one process.
+keeps grouped-query key/value heads unrepeated under a mask), and specdec's with the linear
+layers' weights packed for MKL's matrix product (specdec/packed_linear.py, what a model service
+does on a CPU in float32 by default), alternating in one process.
 
 Each measurement feeds n tokens after a cache of --context tokens and crops them off again; the
 two attention implementations take turns repetition by repetition, so a machine that speeds up or
@@ -24,8 +26,16 @@ from transformers import DynamicCache
 from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.models import ModelConfig, load_model
+from specdec.packed_linear import (
+    DEFAULT_PACKED_ROWS,
+    install_packed,
+    pack_linears,
+    packing_available,
+    unpack_linears,
+)
 
-IMPLEMENTATIONS = ("hf sdpa", "specdec")
+IMPLEMENTATIONS = ("hf sdpa", "specdec", "specdec, packed linears")
+PACKED = IMPLEMENTATIONS[2]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
     parser.add_argument("--rows", default="1,2,3,4,5,6,8", help="tokens per pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--packed-rows", default=",".join(map(str, DEFAULT_PACKED_ROWS)),
+                        help="row counts of the packed column (the services' default)")
     parser.add_argument("--out", type=Path, default=None, help="append the table to this file")
     return parser.parse_args(argv)
 
@@ -77,35 +89,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    model = load_model(ModelConfig(args.model, args.role)).model
+    model = load_model(ModelConfig(args.model, args.role, packed_rows=())).model
+    implementations = IMPLEMENTATIONS
+    if packing_available("cpu", model.dtype):
+        packed = pack_linears(model, [int(r) for r in args.packed_rows.split(",")])
+        unpack_linears(model)
+    else:
+        implementations = IMPLEMENTATIONS[:2]
+        print(f"no packed column: packed linears need float32 and a torch with MKL (here {model.dtype})")
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     low, high = min(100, vocab // 2), min(20000, vocab)  # ordinary tokens, no special ones
     context = torch.randint(low, high, (args.context,), generator=generator).tolist()
     fed = torch.randint(low, high, (max(rows),), generator=generator).tolist()
-    caches = {"hf sdpa": HfCache(model), "specdec": SequenceCache(model)}
+    caches = {"hf sdpa": HfCache(model), "specdec": SequenceCache(model), PACKED: SequenceCache(model)}
     for cache in caches.values():
         cache.feed(context)
-    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in rows} for name in IMPLEMENTATIONS}
-    largest_difference = 0.0
+    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in rows} for name in implementations}
+    attention_difference = packing_difference = 0.0
     for repeat in range(args.repeats + 1):  # the first round warms up and is not kept
         for n in rows:
             logits = {}
-            for name in IMPLEMENTATIONS:
+            for name in implementations:
+                if name == PACKED:
+                    install_packed(packed)
                 seconds, logits[name] = pass_seconds(caches[name], fed[:n])
+                if name == PACKED:
+                    unpack_linears(model)
                 if repeat:
                     times[name][n].append(seconds)
-            first, second = logits.values()
-            largest_difference = max(largest_difference, float((first - second).abs().max()))
+            attention_difference = max(attention_difference,
+                                       float((logits["specdec"] - logits["hf sdpa"]).abs().max()))
+            if PACKED in logits:
+                packing_difference = max(packing_difference,
+                                         float((logits[PACKED] - logits["specdec"]).abs().max()))
     median = {name: {n: statistics.median(t) for n, t in by_rows.items()} for name, by_rows in times.items()}
     lines = [f"# python benchmarks/verify_cost.py --threads {args.threads or torch.get_num_threads()} "
              f"--context {args.context}  ({args.model} {args.role}, {args.repeats} repetitions, alternating)",
-             "| tokens per pass | " + " | ".join(f"{name}: ms (× one token)" for name in IMPLEMENTATIONS) + " |",
-             "|---|" + "---|" * len(IMPLEMENTATIONS)]
+             "| tokens per pass | " + " | ".join(f"{name}: ms (× one token)" for name in implementations) + " |",
+             "|---|" + "---|" * len(implementations)]
     for n in rows:
-        cells = [f"{1000 * median[name][n]:.1f} ({median[name][n] / median[name][1]:.2f}×)" for name in IMPLEMENTATIONS]
+        # the packed column against plain specdec's one-token pass: what packing saves
+        cells = [f"{1000 * median[name][n]:.1f} "
+                 f"({median[name][n] / median['specdec' if name == PACKED else name][1]:.2f}×)"
+                 for name in implementations]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines.append(f"largest logit difference between the two: {largest_difference:.3g}")
+    lines.append(f"largest logit difference between hf sdpa and specdec: {attention_difference:.3g}")
+    if PACKED in implementations:
+        lines.append(f"largest logit difference between packed and plain linears (float rounding): "
+                     f"{packing_difference:.3g}; packed for {args.packed_rows} rows, a pass padded to "
+                     f"the next of them")
     text = "\n".join(lines)
     print(text)
     if args.out is not None:

@@ -16,6 +16,14 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from specdec import attention
 from specdec.errors import InvalidInput, Unavailable
+from specdec.packed_linear import (
+    DEFAULT_PACKED_ROWS,
+    MIN_PACKED_ROWS,
+    check_row_counts,
+    linear_weight_bytes,
+    pack_linears,
+    packing_available,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,9 @@ class ModelConfig:
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     max_context: int = 0  # 0: the model's max_position_embeddings
+    # Row counts to pack the linear layers' weights for (specdec/packed_linear.py): None, auto:
+    # DEFAULT_PACKED_ROWS where packing can run (a CPU, float32, MKL), else none; (): off.
+    packed_rows: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("target", "draft"):
@@ -48,6 +59,8 @@ class ModelConfig:
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.max_context < 0:
             raise ValueError("max_context must be >= 0")
+        if self.packed_rows:
+            check_row_counts(self.packed_rows)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -63,6 +76,16 @@ class ModelConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         return DTYPES[self.dtype]
+
+    @property
+    def packed_row_counts(self) -> tuple[int, ...]:
+        """The row counts the linear layers are packed for here: () where packing cannot run."""
+        if not packing_available(self.device, self.torch_dtype):
+            if self.packed_rows:
+                log.warning("--packed-rows is ignored: packed linears need a CPU, float32 and a torch "
+                            "built with MKL (here: %s, %s)", self.device, self.torch_dtype)
+            return ()
+        return DEFAULT_PACKED_ROWS if self.packed_rows is None else check_row_counts(self.packed_rows)
 
 
 @dataclass(frozen=True)
@@ -135,6 +158,12 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.eval()
     model.requires_grad_(False)
     attention.use_ragged(model)
+    row_counts = config.packed_row_counts
+    if row_counts:
+        layers = len(pack_linears(model, row_counts))
+        log.info("packed %d linear layers for passes of %d to %d rows, each padded to the next of %s "
+                 "(+%d MiB)", layers, MIN_PACKED_ROWS, row_counts[-1], ", ".join(map(str, row_counts)),
+                 len(row_counts) * linear_weight_bytes(model) // 2**20)
     max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
     return LoadedModel(
         model=model,

@@ -119,6 +119,7 @@ class StackConfig:
     draft_method: str = "hybrid"
     echo: bool = True  # copy the services' output to stderr, each line prefixed with its role
     threads: int | None = None  # torch threads of each model service
+    packed_rows: str | None = None  # each model service's --packed-rows (auto, off or N,N)
     http_port: int | None = None  # the orchestrator's OpenAI-compatible HTTP API; None: none
 
 
@@ -145,7 +146,7 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
         check_port_free(config.host, config.http_port)
     with ExitStack() as stack:
         common = _flags(device=config.device, dtype=config.dtype, host=config.host, port=0,
-                        threads=config.threads, metrics_port=0)
+                        threads=config.threads, packed_rows=config.packed_rows, metrics_port=0)
         target, draft = start_services(stack, [
             ("target", ["--model", config.target, *common], None),
             ("draft", ["--model", config.draft, *common], None),

@@ -7,9 +7,14 @@ import re
 import time
 
 from specdec_cli.flags import UsageError, default_of
-from specdec_cli.serve_cmd import add_speculation_flags
 from specdec_cli.processes import ServiceProcess
-from specdec_cli.stack import DEFAULT_HTTP_PORT, StackConfig, local_stack, stop_on_signals
+from specdec_cli.serve_cmd import add_speculation_flags, packed_rows_flag
+from specdec_cli.stack import (
+    DEFAULT_HTTP_PORT,
+    StackConfig,
+    local_stack,
+    stop_on_signals,
+)
 
 STACK_DRAFT_METHODS = ("hybrid", "model")  # a local stack always runs a draft model
 HTTP_URL = re.compile(r"^READY orchestrator .* http=(\S+)")
@@ -47,12 +52,23 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
                         help="orchestrator port; 0 picks a free one")
     parser.add_argument("--threads", type=int, default=default_of(StackConfig, "threads"),
                         help="torch threads of each model service (default: torch's choice)")
+    parser.add_argument("--packed-rows", type=packed_rows_text, default=default_of(StackConfig, "packed_rows"),
+                        metavar="auto|off|N,N",
+                        help="the model services' --packed-rows: their linear layers' weights packed "
+                             "once for MKL, for faster multi-row passes at the cost of a copy of the "
+                             "weights per row count (default: `specdec serve`'s, auto)")
     parser.add_argument("--draft-method", choices=STACK_DRAFT_METHODS, default=None,
                         help="hybrid: per round the suffix lookup's proposal or the draft model's, "
                              "whichever the K controller expects to commit tokens faster; model: the "
                              f"draft model alone (default: {default_of(StackConfig, 'draft_method')}; "
                              "model with --pipeline on or auto, which drafts ahead with the model)")
     add_speculation_flags(parser)
+
+
+def packed_rows_text(value: str) -> str:
+    """--packed-rows checked as `specdec serve` reads it, passed on as given."""
+    packed_rows_flag(value)
+    return value
 
 
 def stack_draft_method(draft_method: str | None, pipeline: str | None) -> str:
@@ -74,6 +90,7 @@ def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
         max_num_speculative_tokens=args.max_num_speculative_tokens, pipeline=args.pipeline,
         pipeline_fanout=args.pipeline_fanout,
         draft_method=stack_draft_method(args.draft_method, args.pipeline), echo=echo, threads=args.threads,
+        packed_rows=args.packed_rows,
         # `specdec demo` shares these flags but has no HTTP API (no --http-port of its own)
         http_port=None if getattr(args, "no_http", True) else args.http_port)
 

@@ -1,0 +1,115 @@
+"""Linear layers with their weights packed once for MKL's matrix product (CPU, float32).
+
+For a product of 4 or more rows, MKL's float32 GEMM copies the whole weight matrix into its own
+blocked layout on every call; for 1-3 rows it reads the weights as they are (a matrix-vector
+path). On a CPU a pass over a verify round's K + 1 rows, or over several sessions' rows, then pays
+that copy for every linear layer of the model: on SmolLM2-135M with two cores ~10 ms of a
+56-67 ms pass over 4-8 rows, and what makes a 4-row pass cost 1.5x a 1-row one.
+
+Packing each weight once (MKL's packed GEMM, `torch.ops.mkl`) for a fixed row count M leaves only
+the product. A packing serves exactly M rows, so a pass of n rows, MIN_PACKED_ROWS <= n <= the
+largest M, is padded with zero rows to the smallest packed M >= n and the padding's output rows are
+dropped; every other pass keeps the plain `F.linear`. Rows do not mix in a matrix product (each
+output row is its own input row times the weights), so the padding changes nothing in the real
+rows; the values differ from the plain product's only by float rounding, as MKL's matrix-vector
+and matrix-matrix paths already differ from each other.
+
+The cost is memory: each packed row count holds another copy of every linear layer's weights
+(DEFAULT_PACKED_ROWS: two copies; SmolLM2-135M: +1.1 GB beside its 0.5 GB of weights).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+MIN_PACKED_ROWS = 4  # below this MKL's matrix-vector path is faster than any packing
+# A pass of 4-8 rows runs as 8 (a single session's K <= 7 round, up to 8 sessions' plain steps),
+# 9-17 as 17 (a round at the largest K of the default 16).
+DEFAULT_PACKED_ROWS = (8, 17)
+
+
+def packing_available(device: str, dtype: torch.dtype) -> bool:
+    """Whether packed linears can run here: a CPU, float32 and a torch built with MKL."""
+    return (device == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
+            and hasattr(torch.ops.mkl, "_mkl_linear"))
+
+
+def check_row_counts(row_counts: Sequence[int]) -> tuple[int, ...]:
+    """The row counts sorted, each checked to be >= MIN_PACKED_ROWS; no duplicates."""
+    rows = tuple(sorted(set(row_counts)))
+    too_small = [count for count in rows if count < MIN_PACKED_ROWS]
+    if too_small:
+        raise ValueError(f"packed row counts must be >= {MIN_PACKED_ROWS} (fewer rows take MKL's "
+                         f"faster matrix-vector path), got {too_small}")
+    return rows
+
+
+class PackedLinearForward:
+    """A replacement for one nn.Linear's forward: the packed product for 4..max(row_counts) rows
+    (padded to the next packed count), F.linear otherwise."""
+
+    def __init__(self, linear: nn.Linear, row_counts: Sequence[int]) -> None:
+        self.row_counts = check_row_counts(row_counts)
+        self.weight = linear.weight
+        self.bias = linear.bias
+        weight = linear.weight.detach()
+        self.packed = {rows: torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+                       for rows in self.row_counts}
+
+    def padded_rows(self, rows: int) -> int | None:
+        """The packed row count a product of `rows` rows runs at; None: the plain product."""
+        if rows < MIN_PACKED_ROWS:
+            return None
+        return next((count for count in self.row_counts if count >= rows), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        features = x.shape[-1]
+        rows = x.numel() // features if features else 0
+        padded = self.padded_rows(rows)
+        if padded is None:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, features)
+        if padded > rows:
+            flat = torch.cat((flat, flat.new_zeros(padded - rows, features)))
+        out = torch.ops.mkl._mkl_linear(flat.contiguous(), self.packed[padded], self.weight, self.bias,
+                                        padded)
+        return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def pack_linears(model: nn.Module, row_counts: Sequence[int]) -> dict[nn.Linear, PackedLinearForward]:
+    """Gives every float32 nn.Linear of `model` a PackedLinearForward for these row counts;
+    returns them by layer (install_packed puts them back after unpack_linears). Call after the
+    weights are final (loaded, on their device, in their dtype)."""
+    row_counts = check_row_counts(row_counts)
+    forwards = {module: PackedLinearForward(module, row_counts) for module in model.modules()
+                if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32}
+    install_packed(forwards)
+    return forwards
+
+
+def install_packed(forwards: dict[nn.Linear, PackedLinearForward]) -> None:
+    for module, forward in forwards.items():
+        module.forward = forward
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the float32 nn.Linear weights of `model` (a tied weight once): what one packed row
+    count adds."""
+    weights = {id(m.weight): m.weight for m in model.modules()
+               if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32}
+    return sum(w.numel() * w.element_size() for w in weights.values())
+
+
+def unpack_linears(model: nn.Module) -> None:
+    """Every nn.Linear of `model` back to its class's forward (the plain product); the packings
+    live on only where pack_linears' result is kept."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and isinstance(module.__dict__.get("forward"), PackedLinearForward):
+            del module.forward

@@ -1,0 +1,132 @@
+"""Packed linears (specdec/packed_linear.py): the same products as F.linear, padding that changes
+no real row, the row counts each pass runs at, and a model whose multi-row passes (a verify
+round's) give the logits and greedy choices of its one-row passes."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec import attention
+from specdec.kv_cache import SequenceCache
+from specdec.models import ModelConfig
+from specdec.packed_linear import (
+    DEFAULT_PACKED_ROWS,
+    PackedLinearForward,
+    check_row_counts,
+    install_packed,
+    linear_weight_bytes,
+    pack_linears,
+    packing_available,
+    unpack_linears,
+)
+from specdec_cli.serve_cmd import packed_rows_flag
+from tests.tiny_models import make_model
+
+needs_mkl = pytest.mark.skipif(not packing_available("cpu", torch.float32),
+                               reason="packed linears need a torch built with MKL")
+
+
+def _linear(in_features: int, out_features: int, bias: bool, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias).eval()
+
+
+def test_row_counts_are_checked_and_sorted():
+    assert check_row_counts([17, 8, 8]) == (8, 17)
+    with pytest.raises(ValueError, match=">= 4"):
+        check_row_counts([3, 8])
+    with pytest.raises(ValueError, match=">= 4"):
+        ModelConfig("default", "target", packed_rows=(2,))
+
+
+def test_the_flag_reads_auto_off_and_row_counts():
+    assert packed_rows_flag("auto") == "auto"
+    assert packed_rows_flag("off") == ()
+    assert packed_rows_flag("16,8") == (8, 16)
+    for bad in ("3", "eight", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            packed_rows_flag(bad)
+
+
+def test_packing_runs_only_on_a_cpu_in_float32():
+    assert ModelConfig("default", "target", dtype="float64").packed_row_counts == ()
+    assert ModelConfig("default", "target", dtype="bfloat16").packed_row_counts == ()
+    assert ModelConfig("default", "target", packed_rows=()).packed_row_counts == ()
+    expected = DEFAULT_PACKED_ROWS if packing_available("cpu", torch.float32) else ()
+    assert ModelConfig("default", "target").packed_row_counts == expected
+    assert ModelConfig("default", "target", dtype="float32", packed_rows=(6,)).packed_row_counts == (
+        (6,) if expected else ())
+
+
+@needs_mkl
+def test_each_pass_runs_at_the_next_packed_row_count():
+    forward = PackedLinearForward(_linear(16, 24, bias=False), (8, 17))
+    assert [forward.padded_rows(rows) for rows in (1, 2, 3)] == [None, None, None]  # matrix-vector path
+    assert [forward.padded_rows(rows) for rows in (4, 5, 8)] == [8, 8, 8]
+    assert [forward.padded_rows(rows) for rows in (9, 16, 17)] == [17, 17, 17]
+    assert forward.padded_rows(18) is None  # beyond the largest packing: the plain product
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_products_equal_the_plain_ones(bias):
+    linear = _linear(48, 80, bias)
+    forward = PackedLinearForward(linear, (4, 8, 17))
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for rows in range(1, 22):
+            x = torch.randn(1, rows, 48, generator=generator)  # (batch, rows, features) as in a model
+            got, expected = forward(x), F.linear(x, linear.weight, linear.bias)
+            assert got.shape == expected.shape == (1, rows, 80)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_padding_changes_no_real_row():
+    """A product of 5 rows padded with zeros to 8 gives, for those 5 rows, exactly what the same 5
+    rows give among 3 other, random rows: rows do not mix."""
+    linear = _linear(64, 96, bias=True)
+    forward = PackedLinearForward(linear, (8,))
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randn(5, 64, generator=generator)
+    others = torch.randn(3, 64, generator=generator)
+    with torch.inference_mode():
+        padded = forward(rows)
+        full = forward(torch.cat((rows, others)))
+    assert torch.equal(padded, full[:5])
+
+
+@needs_mkl
+def test_a_models_multi_row_pass_gives_its_one_row_passes_logits_and_choices():
+    """What verification relies on: a pass over n draft tokens scores each position as feeding the
+    tokens one by one would (up to float rounding), greedy choices included."""
+    model = make_model(seed=5, hidden_size=64, intermediate_size=128).to(torch.float32)
+    attention.use_ragged(model)
+    plain_bytes = linear_weight_bytes(model)
+    assert plain_bytes == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    packed = pack_linears(model, (4, 8))
+    assert len(packed) == sum(isinstance(m, nn.Linear) for m in model.modules())
+    generator = torch.Generator().manual_seed(3)
+    context = torch.randint(4, model.config.vocab_size, (20,), generator=generator).tolist()
+    fed = torch.randint(4, model.config.vocab_size, (7,), generator=generator).tolist()
+    with torch.inference_mode():
+        cache = SequenceCache(model)
+        cache.feed(context)
+        one_by_one = torch.stack([cache.feed([token])[-1] for token in fed])
+        cache.truncate(len(context))
+        together = cache.feed(fed)  # 7 rows: padded to 8, on the packing
+        cache.truncate(len(context))
+        unpack_linears(model)
+        plain = cache.feed(fed)
+    torch.testing.assert_close(together, one_by_one, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(together, plain, rtol=1e-5, atol=1e-5)
+    assert torch.equal(together.argmax(-1), one_by_one.argmax(-1))
+    assert not any("forward" in m.__dict__ for m in model.modules() if isinstance(m, nn.Linear))
+    install_packed(packed)
+    assert all(isinstance(m.__dict__["forward"], PackedLinearForward)
+               for m in model.modules() if isinstance(m, nn.Linear))
