@@ -60,6 +60,8 @@ def test_misspelt_key_fails_template_and_lint(helm, setting, misspelt_key):
         "target.gpu=-1",
         "draft.replicas=two",
         "draft.resources.limits.nvidia\\.com/gpu=1",  # GPUs go in `gpu`, which also sets the device
+        "target.packedRows=8;17",
+        "draft.packedRows=always",
     ],
 )
 def test_out_of_schema_value_fails(helm, setting):
@@ -83,6 +85,18 @@ def test_missing_required_value_fails_with_its_name(helm, settings, message):
     result = template(helm, *args)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_packed_rows_reach_each_pools_model_service(helm):
+    """`--packed-rows` follows each pool's packedRows (default auto: the service decides, packing on
+    a CPU in float32); the value is checked by the schema and passed as `specdec serve` reads it."""
+    cases = (((), "auto", "auto"),
+             (("--set", "target.packedRows=off", "--set-string", "draft.packedRows=8\\,17"), "off", "8,17"))
+    for settings, target_rows, draft_rows in cases:
+        rendered = render(helm, *settings)
+        for component, rows in (("target", target_rows), ("draft", draft_rows)):
+            args = rendered.container(component)["args"]
+            assert args[args.index("--packed-rows") + 1] == rows
 
 
 def test_speculation_beyond_a_pools_limit_fails(helm):

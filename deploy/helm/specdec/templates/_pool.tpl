@@ -143,6 +143,8 @@ spec:
             - {{ $values.maxPassTokens | quote }}
             - --max-pass-sessions
             - {{ $values.maxPassSessions | quote }}
+            - --packed-rows
+            - {{ $values.packedRows | quote }}
             - --metrics-port
             - {{ include "specdec.metricsPort" . | quote }}
             {{- with include "specdec.tlsArgs" $root }}{{ . | trim | nindent 12 }}{{ end }}
