@@ -162,8 +162,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
     if row_counts:
         layers = len(pack_linears(model, row_counts))
         log.info("packed %d linear layers for passes of %d to %d rows, each padded to the next of %s "
-                 "(+%d MiB)", layers, MIN_PACKED_ROWS, row_counts[-1], ", ".join(map(str, row_counts)),
-                 len(row_counts) * linear_weight_bytes(model) // 2**20)
+                 "(a copy of %d MiB of weights per row count; --packed-rows off saves it)", layers,
+                 MIN_PACKED_ROWS, row_counts[-1], ", ".join(map(str, row_counts)),
+                 linear_weight_bytes(model) // 2**20)
     max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
     return LoadedModel(
         model=model,
