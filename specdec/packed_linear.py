@@ -84,13 +84,17 @@ class PackedLinearForward:
         return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
 
 
+def _float32_linears(model: nn.Module) -> list[nn.Linear]:
+    """The nn.Linear layers of `model` whose weights are float32: the ones packing serves."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
+
+
 def pack_linears(model: nn.Module, row_counts: Sequence[int]) -> dict[nn.Linear, PackedLinearForward]:
     """Gives every float32 nn.Linear of `model` a PackedLinearForward for these row counts;
     returns them by layer (install_packed puts them back after unpack_linears). Call after the
     weights are final (loaded, on their device, in their dtype)."""
     row_counts = check_row_counts(row_counts)
-    forwards = {module: PackedLinearForward(module, row_counts) for module in model.modules()
-                if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32}
+    forwards = {module: PackedLinearForward(module, row_counts) for module in _float32_linears(model)}
     install_packed(forwards)
     return forwards
 
@@ -103,8 +107,7 @@ def install_packed(forwards: dict[nn.Linear, PackedLinearForward]) -> None:
 def linear_weight_bytes(model: nn.Module) -> int:
     """Bytes of the float32 nn.Linear weights of `model` (a tied weight once): what one packed row
     count adds."""
-    weights = {id(m.weight): m.weight for m in model.modules()
-               if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32}
+    weights = {id(m.weight): m.weight for m in _float32_linears(model)}
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
