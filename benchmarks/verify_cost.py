@@ -27,6 +27,7 @@ from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.models import ModelConfig, load_model
 from specdec.packed_linear import (
+    ANY_ROWS,
     DEFAULT_PACKED_ROWS,
     install_packed,
     pack_linears,
@@ -47,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="1,2,3,4,5,6,8", help="tokens per pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--packed-rows", default=",".join(map(str, DEFAULT_PACKED_ROWS)),
-                        help="row counts of the packed column (the services' default)")
+                        help="row counts of the packed column (MKL's packing, the services' "
+                             f"default on an Intel CPU), or {ANY_ROWS!r}: oneDNN's packing for every row count")
     parser.add_argument("--out", type=Path, default=None, help="append the table to this file")
     return parser.parse_args(argv)
 
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(ModelConfig(args.model, args.role, packed_rows=())).model
     implementations = IMPLEMENTATIONS
     if packing_available("cpu", model.dtype):
-        packed = pack_linears(model, [int(r) for r in args.packed_rows.split(",")])
+        packed = pack_linears(model, ANY_ROWS if args.packed_rows == ANY_ROWS
+                              else [int(r) for r in args.packed_rows.split(",")])
         unpack_linears(model)
     else:
         implementations = IMPLEMENTATIONS[:2]

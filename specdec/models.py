@@ -17,12 +17,15 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from specdec import attention
 from specdec.errors import InvalidInput, Unavailable
 from specdec.packed_linear import (
+    ANY_ROWS,
     DEFAULT_PACKED_ROWS,
     MIN_PACKED_ROWS,
+    Packing,
     check_row_counts,
+    describe_packing,
     linear_weight_bytes,
-    pack_linears,
-    packing_available,
+    pack_fastest,
+    packings_available,
 )
 
 log = logging.getLogger(__name__)
@@ -46,9 +49,10 @@ class ModelConfig:
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     max_context: int = 0  # 0: the model's max_position_embeddings
-    # Row counts to pack the linear layers' weights for (specdec/packed_linear.py): None, auto:
-    # DEFAULT_PACKED_ROWS where packing can run (a CPU, float32, MKL), else none; (): off.
-    packed_rows: tuple[int, ...] | None = None
+    # How to pack the linear layers' weights (specdec/packed_linear.py): row counts for MKL's
+    # packing, ANY_ROWS for oneDNN's, (): off; None, auto: where packing can run (a CPU, float32),
+    # the faster of the two on this machine, measured at load.
+    packed_rows: Packing | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("target", "draft"):
@@ -59,7 +63,7 @@ class ModelConfig:
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.max_context < 0:
             raise ValueError("max_context must be >= 0")
-        if self.packed_rows:
+        if self.packed_rows and self.packed_rows != ANY_ROWS:
             check_row_counts(self.packed_rows)
 
     @property
@@ -78,14 +82,22 @@ class ModelConfig:
         return DTYPES[self.dtype]
 
     @property
-    def packed_row_counts(self) -> tuple[int, ...]:
-        """The row counts the linear layers are packed for here: () where packing cannot run."""
-        if not packing_available(self.device, self.torch_dtype):
-            if self.packed_rows:
-                log.warning("--packed-rows is ignored: packed linears need a CPU, float32 and a torch "
-                            "built with MKL (here: %s, %s)", self.device, self.torch_dtype)
+    def packing_candidates(self) -> tuple[Packing, ...]:
+        """The packings to choose from here (load_model measures which is faster where there are
+        two); () where packing cannot run or is off."""
+        available = packings_available(self.device, self.torch_dtype)
+        if self.packed_rows is None:
+            return available
+        if not self.packed_rows:
             return ()
-        return DEFAULT_PACKED_ROWS if self.packed_rows is None else check_row_counts(self.packed_rows)
+        wanted = self.packed_rows if self.packed_rows == ANY_ROWS else check_row_counts(self.packed_rows)
+        library_there = ANY_ROWS in available if wanted == ANY_ROWS else DEFAULT_PACKED_ROWS in available
+        if not library_there:
+            log.warning("--packed-rows is ignored: %s needs a CPU, float32 and a torch built with "
+                        "%s (here: %s, %s)", describe_packing(wanted),
+                        "oneDNN" if wanted == ANY_ROWS else "MKL", self.device, self.torch_dtype)
+            return ()
+        return (wanted,)
 
 
 @dataclass(frozen=True)
@@ -158,12 +170,14 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.eval()
     model.requires_grad_(False)
     attention.use_ragged(model)
-    row_counts = config.packed_row_counts
-    if row_counts:
-        layers = len(pack_linears(model, row_counts))
-        log.info("packed %d linear layers for passes of %d to %d rows, each padded to the next of %s "
-                 "(a copy of %d MiB of weights per row count; --packed-rows off saves it)", layers,
-                 MIN_PACKED_ROWS, row_counts[-1], ", ".join(map(str, row_counts)),
+    packing = pack_fastest(model, config.packing_candidates)
+    if packing == ANY_ROWS:
+        log.info("linear layers packed for oneDNN, for passes of any row count (a copy of %d MiB of "
+                 "weights; --packed-rows off saves it)", linear_weight_bytes(model) // 2**20)
+    elif packing:
+        log.info("linear layers packed for MKL, for passes of %d to %d rows, each padded to the next "
+                 "of %s (a copy of %d MiB of weights per row count; --packed-rows off saves it)",
+                 MIN_PACKED_ROWS, packing[-1], ", ".join(map(str, packing)),
                  linear_weight_bytes(model) // 2**20)
     max_context = config.max_context or int(getattr(model.config, "max_position_embeddings", 2048))
     return LoadedModel(

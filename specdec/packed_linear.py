@@ -17,11 +17,22 @@ and matrix-matrix paths already differ from each other.
 The cost is memory: each packed row count holds another copy of every linear layer's weights
 (DEFAULT_PACKED_ROWS: two copies; SmolLM2-135M's 0.5 GB of weights: its service holds 2.1 GB at
 start against about 1.0 GB without, MKL's packed layout being somewhat larger than the weights).
+
+The other packing, ANY_ROWS, is oneDNN's (`torch.ops.mkldnn`): each weight reordered once into
+oneDNN's blocked layout, which serves a product of any row count, so there is no padding and one
+copy of the weights in all. Where MKL's small-row products are slow (seen on an AMD EPYC, whose
+MKL matrix-vector path covers one row only: 2-17 rows cost 1.6-2.1x one row through the whole
+model), oneDNN's packed product over 2-12 rows costs about what one row does. Each output row's
+value does not depend on the others (up to float rounding, which for some shapes differs with
+the row count, as MKL's paths do). `auto` (resolve_packing) picks, per machine, the faster of the
+two on the model's own layer shapes at load.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 from collections.abc import Sequence
 
 import torch
@@ -34,12 +45,20 @@ MIN_PACKED_ROWS = 4  # below this MKL's matrix-vector path is faster than any pa
 # A pass of 4-8 rows runs as 8 (a single session's K <= 7 round, up to 8 sessions' plain steps),
 # 9-17 as 17 (a round at the largest K of the default 16).
 DEFAULT_PACKED_ROWS = (8, 17)
+ANY_ROWS = "any"  # oneDNN's packing: one copy that serves every row count
 
 
 def packing_available(device: str, dtype: torch.dtype) -> bool:
     """Whether packed linears can run here: a CPU, float32 and a torch built with MKL."""
     return (device == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
             and hasattr(torch.ops.mkl, "_mkl_linear"))
+
+
+def onednn_available(device: str, dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed linears can run here: a CPU, float32 and a torch built with oneDNN."""
+    return (device == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def check_row_counts(row_counts: Sequence[int]) -> tuple[int, ...]:
@@ -84,22 +103,48 @@ class PackedLinearForward:
         return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
 
 
+class OneDnnLinearForward:
+    """A replacement for one nn.Linear's forward: oneDNN's product over its weights reordered once,
+    for a product of any row count."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        features = x.shape[-1]
+        rows = x.numel() // features if features else 0
+        if rows == 0:
+            return F.linear(x, self.weight, self.bias)
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, features).contiguous(), self.packed,
+                                                 self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+LinearForward = PackedLinearForward | OneDnnLinearForward
+
+
 def _float32_linears(model: nn.Module) -> list[nn.Linear]:
     """The nn.Linear layers of `model` whose weights are float32: the ones packing serves."""
     return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
 
 
-def pack_linears(model: nn.Module, row_counts: Sequence[int]) -> dict[nn.Linear, PackedLinearForward]:
-    """Gives every float32 nn.Linear of `model` a PackedLinearForward for these row counts;
-    returns them by layer (install_packed puts them back after unpack_linears). Call after the
-    weights are final (loaded, on their device, in their dtype)."""
-    row_counts = check_row_counts(row_counts)
-    forwards = {module: PackedLinearForward(module, row_counts) for module in _float32_linears(model)}
+def pack_linears(model: nn.Module, rows: Sequence[int] | str) -> dict[nn.Linear, LinearForward]:
+    """Gives every float32 nn.Linear of `model` a packed forward: MKL's for these row counts, or
+    oneDNN's for any (rows == ANY_ROWS); returns them by layer (install_packed puts them back after
+    unpack_linears). Call after the weights are final (loaded, on their device, in their dtype)."""
+    if rows == ANY_ROWS:
+        forwards: dict[nn.Linear, LinearForward] = {
+            module: OneDnnLinearForward(module) for module in _float32_linears(model)}
+    else:
+        row_counts = check_row_counts(rows)
+        forwards = {module: PackedLinearForward(module, row_counts) for module in _float32_linears(model)}
     install_packed(forwards)
     return forwards
 
 
-def install_packed(forwards: dict[nn.Linear, PackedLinearForward]) -> None:
+def install_packed(forwards: dict[nn.Linear, LinearForward]) -> None:
     for module, forward in forwards.items():
         module.forward = forward
 
@@ -111,9 +156,69 @@ def linear_weight_bytes(model: nn.Module) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
+Packing = tuple[int, ...] | str  # MKL's row counts, ANY_ROWS (oneDNN's), or () for none
+CALIBRATION_ROWS = (1, 2, 4, 8, 16)  # a decode step, verify rounds at K = 1, 3, 7, 15, batches
+
+
+def packings_available(device: str, dtype: torch.dtype) -> tuple[Packing, ...]:
+    """The packings that can run here, oneDNN's first."""
+    found: list[Packing] = []
+    if onednn_available(device, dtype):
+        found.append(ANY_ROWS)
+    if packing_available(device, dtype):
+        found.append(DEFAULT_PACKED_ROWS)
+    return tuple(found)
+
+
+def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int = 3) -> Packing:
+    """Installs whichever candidate packing multiplies fastest here and returns it (() for none).
+
+    With two candidates, each is timed over every float32 linear layer of `model` at each of
+    CALIBRATION_ROWS (the median of `repeats`, candidates alternating) and the least total wins:
+    which library is faster depends on the CPU (MKL's small-row products are slow on AMD's), so
+    `auto` measures it at load, on the model's own shapes."""
+    if not candidates:
+        return ()
+    if len(candidates) == 1:
+        pack_linears(model, candidates[0])
+        return candidates[0]
+    layers = _float32_linears(model)
+    forwards = {candidate: pack_linears(model, candidate) for candidate in candidates}
+    generator = torch.Generator().manual_seed(0)
+    inputs = {(rows, module.in_features): torch.randn(rows, module.in_features, generator=generator)
+              for rows in CALIBRATION_ROWS for module in layers}
+    seconds: dict[Packing, dict[int, list[float]]] = {c: {rows: [] for rows in CALIBRATION_ROWS}
+                                                      for c in candidates}
+    with torch.inference_mode():
+        for repeat in range(repeats + 1):  # the first round warms up and is not kept
+            for rows in CALIBRATION_ROWS:
+                for candidate in candidates:
+                    started = time.perf_counter()
+                    for module in layers:
+                        forwards[candidate][module](inputs[rows, module.in_features])
+                    if repeat:
+                        seconds[candidate][rows].append(time.perf_counter() - started)
+    totals = {c: sum(statistics.median(times) for times in by_rows.values()) for c, by_rows in seconds.items()}
+    chosen = min(candidates, key=totals.__getitem__)
+    install_packed(forwards[chosen])
+    log.info("packed linears: %s, the faster here (every linear layer over %s rows: %s)",
+             describe_packing(chosen), ", ".join(map(str, CALIBRATION_ROWS)),
+             "; ".join(f"{describe_packing(c)} {1000 * t:.1f} ms" for c, t in totals.items()))
+    return chosen
+
+
+def describe_packing(packing: Packing) -> str:
+    if packing == ANY_ROWS:
+        return "oneDNN's, for any row count"
+    if packing:
+        return "MKL's, for " + ",".join(map(str, packing)) + " rows"
+    return "none"
+
+
 def unpack_linears(model: nn.Module) -> None:
     """Every nn.Linear of `model` back to its class's forward (the plain product); the packings
     live on only where pack_linears' result is kept."""
     for module in model.modules():
-        if isinstance(module, nn.Linear) and isinstance(module.__dict__.get("forward"), PackedLinearForward):
+        if isinstance(module, nn.Linear) and isinstance(module.__dict__.get("forward"),
+                                                         (PackedLinearForward, OneDnnLinearForward)):
             del module.forward

@@ -22,7 +22,7 @@ from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.lookup import DRAFT_METHODS, LOOKUP_METHODS, SUFFIX_CACHE_MODES
 from specdec.models import ModelConfig
-from specdec.packed_linear import DEFAULT_PACKED_ROWS, check_row_counts
+from specdec.packed_linear import ANY_ROWS, DEFAULT_PACKED_ROWS, check_row_counts
 from specdec.rpc.auth import TOKEN_ENV
 from specdec.rpc.server import ServerConfig, TlsConfig, check_port_free
 from specdec.serving import ServiceConfig
@@ -72,13 +72,14 @@ def _server_flags(parser: argparse.ArgumentParser, role: str) -> None:
 
 
 def packed_rows_flag(value: str) -> str | tuple[int, ...]:
-    """--packed-rows: "auto", "off" (no packing: ()) or comma-separated row counts, each >= 4."""
-    if value in ("auto", "off"):
-        return value if value == "auto" else ()
+    """--packed-rows: "auto", "off" (no packing: ()), "any" (oneDNN's packing) or comma-separated
+    row counts for MKL's, each >= 4."""
+    if value in ("auto", "off", ANY_ROWS):
+        return () if value == "off" else value
     try:
         return check_row_counts([int(part) for part in value.split(",") if part.strip()] or [0])
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"auto, off or row counts such as 8,17 ({error})") from None
+        raise argparse.ArgumentTypeError(f"auto, off, {ANY_ROWS} or row counts such as 8,17 ({error})") from None
 
 
 def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
@@ -90,13 +91,15 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="auto: float32 on CPU, bfloat16 on CUDA. bfloat16 on a CPU with native "
                              "bfloat16 instructions batches much faster, but greedy output may then "
                              "differ from the target alone at near-ties")
-    parser.add_argument("--packed-rows", type=packed_rows_flag, default="auto", metavar="auto|off|N,N",
-                        help="pack the linear layers' weights once for MKL's matrix product, for "
-                             "passes of these row counts (a pass of 4 rows or more is padded to the "
-                             "next): multi-row passes (verify rounds, batched sessions) run ~15%% "
-                             "faster, and each row count holds another copy of the weights. auto: "
-                             f"{','.join(map(str, DEFAULT_PACKED_ROWS))} on a CPU in float32 "
-                             "(torch with MKL), else off")
+    parser.add_argument("--packed-rows", type=packed_rows_flag, default="auto",
+                        metavar=f"auto|off|{ANY_ROWS}|N,N",
+                        help="pack the linear layers' weights once for the CPU's matrix product: "
+                             f"{ANY_ROWS}: oneDNN's layout, one copy of the weights that serves a pass "
+                             "of any row count; N,N: MKL's, a copy per row count, a pass of 4 rows or "
+                             "more padded to the next. Multi-row passes (verify rounds, batched "
+                             "sessions) run much faster. auto: on a CPU in float32, whichever of "
+                             f"{ANY_ROWS} and {','.join(map(str, DEFAULT_PACKED_ROWS))} multiplies "
+                             "faster on this machine, measured at load; else off")
     parser.add_argument("--replica-id", default=None, help="this replica's name (default host:port)")
     parser.add_argument("--max-sessions", type=int, default=default_of(SessionBudget, "max_sessions"),
                         help="session budget")

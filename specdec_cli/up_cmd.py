@@ -53,10 +53,11 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=default_of(StackConfig, "threads"),
                         help="torch threads of each model service (default: torch's choice)")
     parser.add_argument("--packed-rows", type=packed_rows_text, default=default_of(StackConfig, "packed_rows"),
-                        metavar="auto|off|N,N",
+                        metavar="auto|off|any|N,N",
                         help="the model services' --packed-rows: their linear layers' weights packed "
-                             "once for MKL, for faster multi-row passes at the cost of a copy of the "
-                             "weights per row count (default: `specdec serve`'s, auto)")
+                             "once (oneDNN's layout for any row count, or MKL's per row count), for "
+                             "faster multi-row passes at the cost of a copy of the weights "
+                             "(default: `specdec serve`'s, auto)")
     parser.add_argument("--draft-method", choices=STACK_DRAFT_METHODS, default=None,
                         help="hybrid: per round the suffix lookup's proposal or the draft model's, "
                              "whichever the K controller expects to commit tokens faster; model: the "

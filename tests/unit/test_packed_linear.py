@@ -1,6 +1,7 @@
-"""Packed linears (specdec/packed_linear.py): the same products as F.linear, padding that changes
-no real row, the row counts each pass runs at, and a model whose multi-row passes (a verify
-round's) give the logits and greedy choices of its one-row passes."""
+"""Packed linears (specdec/packed_linear.py), MKL's per row count and oneDNN's for any: the same
+products as F.linear, padding that changes no real row, the row counts each pass runs at, a model
+whose multi-row passes (a verify round's) give the logits and greedy choices of its one-row
+passes, and `auto` installing the faster of the two."""
 
 from __future__ import annotations
 
@@ -15,13 +16,18 @@ from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.models import ModelConfig
 from specdec.packed_linear import (
+    ANY_ROWS,
     DEFAULT_PACKED_ROWS,
+    OneDnnLinearForward,
     PackedLinearForward,
     check_row_counts,
     install_packed,
     linear_weight_bytes,
+    onednn_available,
+    pack_fastest,
     pack_linears,
     packing_available,
+    packings_available,
     unpack_linears,
 )
 from specdec_cli.serve_cmd import packed_rows_flag
@@ -29,6 +35,8 @@ from tests.tiny_models import make_model
 
 needs_mkl = pytest.mark.skipif(not packing_available("cpu", torch.float32),
                                reason="packed linears need a torch built with MKL")
+needs_onednn = pytest.mark.skipif(not onednn_available("cpu", torch.float32),
+                                  reason="oneDNN's packed linears need a torch built with oneDNN")
 
 
 def _linear(in_features: int, out_features: int, bias: bool, seed: int = 0) -> nn.Linear:
@@ -44,23 +52,26 @@ def test_row_counts_are_checked_and_sorted():
         ModelConfig("default", "target", packed_rows=(2,))
 
 
-def test_the_flag_reads_auto_off_and_row_counts():
+def test_the_flag_reads_auto_off_any_and_row_counts():
     assert packed_rows_flag("auto") == "auto"
     assert packed_rows_flag("off") == ()
+    assert packed_rows_flag("any") == ANY_ROWS
     assert packed_rows_flag("16,8") == (8, 16)
-    for bad in ("3", "eight", ""):
+    for bad in ("3", "eight", "", "any,8"):
         with pytest.raises(argparse.ArgumentTypeError):
             packed_rows_flag(bad)
 
 
 def test_packing_runs_only_on_a_cpu_in_float32():
-    assert ModelConfig("default", "target", dtype="float64").packed_row_counts == ()
-    assert ModelConfig("default", "target", dtype="bfloat16").packed_row_counts == ()
-    assert ModelConfig("default", "target", packed_rows=()).packed_row_counts == ()
-    expected = DEFAULT_PACKED_ROWS if packing_available("cpu", torch.float32) else ()
-    assert ModelConfig("default", "target").packed_row_counts == expected
-    assert ModelConfig("default", "target", dtype="float32", packed_rows=(6,)).packed_row_counts == (
-        (6,) if expected else ())
+    assert ModelConfig("default", "target", dtype="float64").packing_candidates == ()
+    assert ModelConfig("default", "target", dtype="bfloat16").packing_candidates == ()
+    assert ModelConfig("default", "target", packed_rows=()).packing_candidates == ()
+    available = packings_available("cpu", torch.float32)
+    assert ModelConfig("default", "target").packing_candidates == available  # auto: measured at load
+    assert ModelConfig("default", "target", dtype="float32", packed_rows=(6,)).packing_candidates == (
+        ((6,),) if DEFAULT_PACKED_ROWS in available else ())
+    assert ModelConfig("default", "target", packed_rows=ANY_ROWS).packing_candidates == (
+        (ANY_ROWS,) if ANY_ROWS in available else ())
 
 
 @needs_mkl
@@ -130,3 +141,71 @@ def test_a_models_multi_row_pass_gives_its_one_row_passes_logits_and_choices():
     install_packed(packed)
     assert all(isinstance(m.__dict__["forward"], PackedLinearForward)
                for m in model.modules() if isinstance(m, nn.Linear))
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_products_equal_the_plain_ones_at_every_row_count(bias):
+    linear = _linear(48, 80, bias)
+    forward = OneDnnLinearForward(linear)
+    generator = torch.Generator().manual_seed(4)
+    with torch.inference_mode():
+        for rows in range(1, 22):
+            x = torch.randn(1, rows, 48, generator=generator)
+            got, expected = forward(x), F.linear(x, linear.weight, linear.bias)
+            assert got.shape == expected.shape == (1, rows, 80)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert forward(torch.randn(0, 48)).shape == (0, 80)
+
+
+@needs_onednn
+def test_onednn_rows_do_not_depend_on_the_others():
+    """A row's product among others of any count is its product alone, up to float rounding."""
+    linear = _linear(96, 64, bias=True, seed=3)
+    forward = OneDnnLinearForward(linear)
+    generator = torch.Generator().manual_seed(5)
+    row = torch.randn(1, 96, generator=generator)
+    with torch.inference_mode():
+        alone = forward(row)
+        for others in (1, 3, 7, 16):
+            among = forward(torch.cat((torch.randn(others, 96, generator=generator), row)))
+            torch.testing.assert_close(among[-1:], alone, rtol=1e-6, atol=1e-6)
+
+
+@needs_onednn
+def test_a_models_passes_on_onednn_give_its_one_row_logits_and_choices():
+    model = make_model(seed=6, hidden_size=64, intermediate_size=128).to(torch.float32)
+    attention.use_ragged(model)
+    generator = torch.Generator().manual_seed(7)
+    context = torch.randint(4, model.config.vocab_size, (20,), generator=generator).tolist()
+    fed = torch.randint(4, model.config.vocab_size, (9,), generator=generator).tolist()
+    with torch.inference_mode():
+        cache = SequenceCache(model)
+        cache.feed(context)
+        plain = cache.feed(fed)
+        cache.truncate(len(context))
+        packed = pack_linears(model, ANY_ROWS)
+        assert len(packed) == sum(isinstance(m, nn.Linear) for m in model.modules())
+        one_by_one = torch.stack([cache.feed([token])[-1] for token in fed])
+        cache.truncate(len(context))
+        together = cache.feed(fed)
+    unpack_linears(model)
+    torch.testing.assert_close(together, one_by_one, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(together, plain, rtol=1e-5, atol=1e-5)
+    assert torch.equal(together.argmax(-1), one_by_one.argmax(-1))
+
+
+@pytest.mark.skipif(len(packings_available("cpu", torch.float32)) < 2,
+                    reason="auto chooses only where both MKL and oneDNN are built in")
+def test_auto_installs_the_faster_packing_and_only_it():
+    model = make_model(seed=8, hidden_size=64, intermediate_size=128).to(torch.float32)
+    chosen = pack_fastest(model, packings_available("cpu", torch.float32), repeats=1)
+    assert chosen in (ANY_ROWS, DEFAULT_PACKED_ROWS)
+    kind = OneDnnLinearForward if chosen == ANY_ROWS else PackedLinearForward
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all(isinstance(m.__dict__["forward"], kind) for m in linears)
+    unpack_linears(model)
+    assert pack_fastest(model, ()) == ()
+    assert not any("forward" in m.__dict__ for m in linears)
+    assert pack_fastest(model, (ANY_ROWS,)) == ANY_ROWS  # one candidate: no timing, installed
+    assert all(isinstance(m.__dict__["forward"], OneDnnLinearForward) for m in linears)
