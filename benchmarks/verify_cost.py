@@ -2,8 +2,9 @@
 cost in docs/architecture.md, "Choosing K"), through Hugging Face's own cache and sdpa attention and
 through specdec's (specdec/kv_cache.py and the ragged attention of specdec/attention.py, which
 keeps grouped-query key/value heads unrepeated under a mask), and specdec's with the linear
-layers' weights packed for MKL's matrix product (specdec/packed_linear.py, what a model service
-does on a CPU in float32 by default), alternating in one process.
+layers' weights packed (specdec/packed_linear.py): for oneDNN, one copy for any row count, and for
+MKL, per row count (--packed-rows); a model service on a CPU in float32 runs whichever of the two
+is faster there. All alternating in one process.
 
 Each measurement feeds n tokens after a cache of --context tokens and crops them off again; the
 two attention implementations take turns repetition by repetition, so a machine that speeds up or
@@ -30,13 +31,14 @@ from specdec.packed_linear import (
     ANY_ROWS,
     DEFAULT_PACKED_ROWS,
     install_packed,
+    onednn_available,
     pack_linears,
     packing_available,
     unpack_linears,
 )
 
-IMPLEMENTATIONS = ("hf sdpa", "specdec", "specdec, packed linears")
-PACKED = IMPLEMENTATIONS[2]
+IMPLEMENTATIONS = ("hf sdpa", "specdec")
+ONEDNN, MKL = "specdec, packed for oneDNN", "specdec, packed for MKL"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,8 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="1,2,3,4,5,6,8", help="tokens per pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--packed-rows", default=",".join(map(str, DEFAULT_PACKED_ROWS)),
-                        help="row counts of the packed column (MKL's packing, the services' "
-                             f"default on an Intel CPU), or {ANY_ROWS!r}: oneDNN's packing for every row count")
+                        help="row counts of the MKL packing's column (oneDNN's serves any)")
     parser.add_argument("--out", type=Path, default=None, help="append the table to this file")
     return parser.parse_args(argv)
 
@@ -92,56 +93,59 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     model = load_model(ModelConfig(args.model, args.role, packed_rows=())).model
-    implementations = IMPLEMENTATIONS
+    packings = {}  # column -> the packed forwards, installed for that column's passes only
+    if onednn_available("cpu", model.dtype):
+        packings[ONEDNN] = pack_linears(model, ANY_ROWS)
     if packing_available("cpu", model.dtype):
-        packed = pack_linears(model, ANY_ROWS if args.packed_rows == ANY_ROWS
-                              else [int(r) for r in args.packed_rows.split(",")])
-        unpack_linears(model)
-    else:
-        implementations = IMPLEMENTATIONS[:2]
-        print(f"no packed column: packed linears need float32 and a torch with MKL (here {model.dtype})")
+        packings[MKL] = pack_linears(model, [int(r) for r in args.packed_rows.split(",")])
+    unpack_linears(model)
+    if not packings:
+        print(f"no packed columns: packed linears need float32 and a torch with oneDNN or MKL "
+              f"(here {model.dtype})")
+    implementations = IMPLEMENTATIONS + tuple(packings)
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     low, high = min(100, vocab // 2), min(20000, vocab)  # ordinary tokens, no special ones
     context = torch.randint(low, high, (args.context,), generator=generator).tolist()
     fed = torch.randint(low, high, (max(rows),), generator=generator).tolist()
-    caches = {"hf sdpa": HfCache(model), "specdec": SequenceCache(model), PACKED: SequenceCache(model)}
+    caches = {"hf sdpa": HfCache(model), **{name: SequenceCache(model) for name in implementations[1:]}}
     for cache in caches.values():
         cache.feed(context)
     times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in rows} for name in implementations}
-    attention_difference = packing_difference = 0.0
+    attention_difference, packing_difference = 0.0, dict.fromkeys(packings, 0.0)
     for repeat in range(args.repeats + 1):  # the first round warms up and is not kept
         for n in rows:
             logits = {}
             for name in implementations:
-                if name == PACKED:
-                    install_packed(packed)
+                if name in packings:
+                    install_packed(packings[name])
                 seconds, logits[name] = pass_seconds(caches[name], fed[:n])
-                if name == PACKED:
+                if name in packings:
                     unpack_linears(model)
                 if repeat:
                     times[name][n].append(seconds)
             attention_difference = max(attention_difference,
                                        float((logits["specdec"] - logits["hf sdpa"]).abs().max()))
-            if PACKED in logits:
-                packing_difference = max(packing_difference,
-                                         float((logits[PACKED] - logits["specdec"]).abs().max()))
+            for name in packings:
+                packing_difference[name] = max(packing_difference[name],
+                                               float((logits[name] - logits["specdec"]).abs().max()))
     median = {name: {n: statistics.median(t) for n, t in by_rows.items()} for name, by_rows in times.items()}
     lines = [f"# python benchmarks/verify_cost.py --threads {args.threads or torch.get_num_threads()} "
              f"--context {args.context}  ({args.model} {args.role}, {args.repeats} repetitions, alternating)",
              "| tokens per pass | " + " | ".join(f"{name}: ms (× one token)" for name in implementations) + " |",
              "|---|" + "---|" * len(implementations)]
     for n in rows:
-        # the packed column against plain specdec's one-token pass: what packing saves
+        # the packed columns against plain specdec's one-token pass: what packing saves
         cells = [f"{1000 * median[name][n]:.1f} "
-                 f"({median[name][n] / median['specdec' if name == PACKED else name][1]:.2f}×)"
+                 f"({median[name][n] / median['specdec' if name in packings else name][1]:.2f}×)"
                  for name in implementations]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append(f"largest logit difference between hf sdpa and specdec: {attention_difference:.3g}")
-    if PACKED in implementations:
-        lines.append(f"largest logit difference between packed and plain linears (float rounding): "
-                     f"{packing_difference:.3g}; packed for {args.packed_rows} rows, a pass padded to "
-                     f"the next of them")
+    for name, difference in packing_difference.items():
+        how = ("one copy for any row count" if name == ONEDNN
+               else f"packed for {args.packed_rows} rows, a pass padded to the next of them")
+        lines.append(f"largest logit difference between {name} and plain linears (float rounding): "
+                     f"{difference:.3g}; {how}")
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
