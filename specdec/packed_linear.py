@@ -1,4 +1,5 @@
-"""Linear layers with their weights packed once for MKL's matrix product (CPU, float32).
+"""Linear layers with their weights packed once for the CPU's matrix product (float32): MKL's
+packing per row count, or oneDNN's for any.
 
 For a product of 4 or more rows, MKL's float32 GEMM copies the whole weight matrix into its own
 blocked layout on every call; for 1-3 rows it reads the weights as they are (a matrix-vector
@@ -20,12 +21,12 @@ start against about 1.0 GB without, MKL's packed layout being somewhat larger th
 
 The other packing, ANY_ROWS, is oneDNN's (`torch.ops.mkldnn`): each weight reordered once into
 oneDNN's blocked layout, which serves a product of any row count, so there is no padding and one
-copy of the weights in all. Where MKL's small-row products are slow (seen on an AMD EPYC, whose
-MKL matrix-vector path covers one row only: 2-17 rows cost 1.6-2.1x one row through the whole
-model), oneDNN's packed product over 2-12 rows costs about what one row does. Each output row's
-value does not depend on the others (up to float rounding, which for some shapes differs with
-the row count, as MKL's paths do). `auto` (resolve_packing) picks, per machine, the faster of the
-two on the model's own layer shapes at load.
+copy of the weights in all. Where MKL's small-row products are slow (seen on an AMD EPYC: a pass
+over 2-17 rows of SmolLM2-135M cost 1.6-2.1x one row), oneDNN's packed product over 2-12 rows costs
+about what one row does. Each output row's value does not depend on the others (up to float
+rounding, which for some shapes differs with the row count, as MKL's paths do). `auto`
+(pack_fastest) installs, per machine, the faster of the two on the model's own layer shapes at
+load.
 """
 
 from __future__ import annotations
