@@ -281,5 +281,7 @@ def test_prune_head_keeps_the_logits_of_kept_ids(tmp_path):
         prune_head(draft, torch.tensor([2, 7, 30, 59, 200]))  # 200 is not in the head: ignored
         after = draft(input_ids=input_ids).logits
     assert draft.lm_head.kept_token_ids.tolist() == [2, 7, 30, 59]
-    assert torch.equal(after[..., [2, 7, 30, 59]], before[..., [2, 7, 30, 59]])
+    # The same weight rows times the same hidden states; a narrower product may round differently
+    # in the last bit (MKL on some CPUs picks its kernel by the matrix's width), nothing more.
+    torch.testing.assert_close(after[..., [2, 7, 30, 59]], before[..., [2, 7, 30, 59]], rtol=1e-6, atol=1e-6)
     assert torch.isneginf(after[..., 8]).all()
