@@ -174,37 +174,40 @@ def packings_available(device: str, dtype: torch.dtype) -> tuple[Packing, ...]:
 def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int = 3) -> Packing:
     """Installs whichever candidate packing multiplies fastest here and returns it (() for none).
 
-    With two candidates, each is timed over every float32 linear layer of `model` at each of
-    CALIBRATION_ROWS (the median of `repeats`, candidates alternating) and the least total wins:
-    which library is faster depends on the CPU (MKL's small-row products are slow on AMD's), so
-    `auto` measures it at load, on the model's own shapes."""
+    With two or more candidates, each in turn is packed, timed over every float32 linear layer of
+    `model` at each of CALIBRATION_ROWS (the median of `repeats` after a warm-up) and dropped
+    again, so that no more than one packing is held at a time; the least total is packed again
+    and kept. Which library is faster depends on the CPU (MKL's small-row products are slow on an
+    AMD EPYC), so `auto` measures it at load, on the model's own shapes."""
     if not candidates:
         return ()
-    if len(candidates) == 1:
-        pack_linears(model, candidates[0])
-        return candidates[0]
-    layers = _float32_linears(model)
-    forwards = {candidate: pack_linears(model, candidate) for candidate in candidates}
-    generator = torch.Generator().manual_seed(0)
-    inputs = {(rows, module.in_features): torch.randn(rows, module.in_features, generator=generator)
-              for rows in CALIBRATION_ROWS for module in layers}
-    seconds: dict[Packing, dict[int, list[float]]] = {c: {rows: [] for rows in CALIBRATION_ROWS}
-                                                      for c in candidates}
-    with torch.inference_mode():
-        for repeat in range(repeats + 1):  # the first round warms up and is not kept
-            for rows in CALIBRATION_ROWS:
-                for candidate in candidates:
-                    started = time.perf_counter()
-                    for module in layers:
-                        forwards[candidate][module](inputs[rows, module.in_features])
-                    if repeat:
-                        seconds[candidate][rows].append(time.perf_counter() - started)
-    totals = {c: sum(statistics.median(times) for times in by_rows.values()) for c, by_rows in seconds.items()}
-    chosen = min(candidates, key=totals.__getitem__)
-    install_packed(forwards[chosen])
-    log.info("packed linears: %s, the faster here (every linear layer over %s rows: %s)",
-             describe_packing(chosen), ", ".join(map(str, CALIBRATION_ROWS)),
-             "; ".join(f"{describe_packing(c)} {1000 * t:.1f} ms" for c, t in totals.items()))
+    if len(candidates) > 1:
+        layers = _float32_linears(model)
+        generator = torch.Generator().manual_seed(0)
+        inputs = {(rows, module.in_features): torch.randn(rows, module.in_features, generator=generator)
+                  for rows in CALIBRATION_ROWS for module in layers}
+        totals: dict[Packing, float] = {}
+        with torch.inference_mode():
+            for candidate in candidates:
+                forwards = pack_linears(model, candidate)
+                unpack_linears(model)
+                seconds: dict[int, list[float]] = {rows: [] for rows in CALIBRATION_ROWS}
+                for repeat in range(repeats + 1):  # the first round warms up and is not kept
+                    for rows in CALIBRATION_ROWS:
+                        started = time.perf_counter()
+                        for module in layers:
+                            forwards[module](inputs[rows, module.in_features])
+                        if repeat:
+                            seconds[rows].append(time.perf_counter() - started)
+                del forwards
+                totals[candidate] = sum(statistics.median(times) for times in seconds.values())
+        chosen = min(candidates, key=totals.__getitem__)
+        log.info("packed linears: %s, the faster here (every linear layer over %s rows: %s)",
+                 describe_packing(chosen), ", ".join(map(str, CALIBRATION_ROWS)),
+                 "; ".join(f"{describe_packing(c)} {1000 * t:.1f} ms" for c, t in totals.items()))
+    else:
+        chosen = candidates[0]
+    pack_linears(model, chosen)
     return chosen
 
 
