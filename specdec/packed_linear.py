@@ -111,7 +111,7 @@ class OneDnnLinearForward:
     def __init__(self, linear: nn.Linear) -> None:
         self.weight = linear.weight
         self.bias = linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         features = x.shape[-1]
@@ -189,7 +189,12 @@ def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int =
         totals: dict[Packing, float] = {}
         with torch.inference_mode():
             for candidate in candidates:
-                forwards = pack_linears(model, candidate)
+                try:
+                    forwards = pack_linears(model, candidate)
+                except RuntimeError as error:  # a library that cannot pack these weights here
+                    unpack_linears(model)
+                    log.warning("packed linears: %s failed (%s); not used", describe_packing(candidate), error)
+                    continue
                 unpack_linears(model)
                 seconds: dict[int, list[float]] = {rows: [] for rows in CALIBRATION_ROWS}
                 for repeat in range(repeats + 1):  # the first round warms up and is not kept
@@ -201,7 +206,9 @@ def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int =
                             seconds[rows].append(time.perf_counter() - started)
                 del forwards
                 totals[candidate] = sum(statistics.median(times) for times in seconds.values())
-        chosen = min(candidates, key=totals.__getitem__)
+        if not totals:
+            return ()
+        chosen = min(totals, key=totals.__getitem__)
         log.info("packed linears: %s, the faster here (every linear layer over %s rows: %s)",
                  describe_packing(chosen), ", ".join(map(str, CALIBRATION_ROWS)),
                  "; ".join(f"{describe_packing(c)} {1000 * t:.1f} ms" for c, t in totals.items()))

@@ -246,6 +246,11 @@ def test_a_draining_replica_keeps_its_sessions_and_a_removed_one_hands_them_over
                and usable(orchestrator, "draft") == set(drafts), "every replica ready")
     prompts = _prompts(6, seed=4)
     streams = start_streams(orchestrator, prompts, LONG)
+    # A stream opens its draft session with its first drafted round, which can come a moment
+    # after its target session (with several sessions the speculation guard holds K = 0 until
+    # its first test): wait for one before looking.
+    eventually(lambda: any(r.active_sessions for r in pools(orchestrator)["draft"].values()),
+               "a draft replica to hold a stream's session")
     with frozen([*cluster.targets.values(), *cluster.drafts.values()]):
         now = pools(orchestrator)
         sessions = {a: r.active_sessions for role in now.values() for a, r in role.items()}
