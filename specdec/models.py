@@ -18,13 +18,14 @@ from specdec import attention
 from specdec.errors import InvalidInput, Unavailable
 from specdec.packed_linear import (
     ANY_ROWS,
-    DEFAULT_PACKED_ROWS,
     MIN_PACKED_ROWS,
     Packing,
     check_row_counts,
     describe_packing,
     linear_weight_bytes,
+    onednn_available,
     pack_fastest,
+    packing_available,
     packings_available,
 )
 
@@ -91,8 +92,8 @@ class ModelConfig:
         if not self.packed_rows:
             return ()
         wanted = self.packed_rows if self.packed_rows == ANY_ROWS else check_row_counts(self.packed_rows)
-        library_there = ANY_ROWS in available if wanted == ANY_ROWS else DEFAULT_PACKED_ROWS in available
-        if not library_there:
+        runs_here = onednn_available if wanted == ANY_ROWS else packing_available
+        if not runs_here(self.device, self.torch_dtype):
             log.warning("--packed-rows is ignored: %s needs a CPU, float32 and a torch built with "
                         "%s (here: %s, %s)", describe_packing(wanted),
                         "oneDNN" if wanted == ANY_ROWS else "MKL", self.device, self.torch_dtype)

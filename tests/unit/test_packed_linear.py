@@ -112,25 +112,28 @@ def test_padding_changes_no_real_row():
     assert torch.equal(padded, full[:5])
 
 
-@needs_mkl
-def test_a_models_multi_row_pass_gives_its_one_row_passes_logits_and_choices():
+@pytest.mark.parametrize("packing, fed_rows, kind", [
+    pytest.param((4, 8), 7, PackedLinearForward, marks=needs_mkl, id="mkl: 7 rows padded to 8"),
+    pytest.param(ANY_ROWS, 9, OneDnnLinearForward, marks=needs_onednn, id="onednn: 9 rows"),
+])
+def test_a_models_multi_row_pass_gives_its_one_row_passes_logits_and_choices(packing, fed_rows, kind):
     """What verification relies on: a pass over n draft tokens scores each position as feeding the
     tokens one by one would (up to float rounding), greedy choices included."""
     model = make_model(seed=5, hidden_size=64, intermediate_size=128).to(torch.float32)
     attention.use_ragged(model)
     plain_bytes = linear_weight_bytes(model)
     assert plain_bytes == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
-    packed = pack_linears(model, (4, 8))
+    packed = pack_linears(model, packing)
     assert len(packed) == sum(isinstance(m, nn.Linear) for m in model.modules())
     generator = torch.Generator().manual_seed(3)
     context = torch.randint(4, model.config.vocab_size, (20,), generator=generator).tolist()
-    fed = torch.randint(4, model.config.vocab_size, (7,), generator=generator).tolist()
+    fed = torch.randint(4, model.config.vocab_size, (fed_rows,), generator=generator).tolist()
     with torch.inference_mode():
         cache = SequenceCache(model)
         cache.feed(context)
         one_by_one = torch.stack([cache.feed([token])[-1] for token in fed])
         cache.truncate(len(context))
-        together = cache.feed(fed)  # 7 rows: padded to 8, on the packing
+        together = cache.feed(fed)
         cache.truncate(len(context))
         unpack_linears(model)
         plain = cache.feed(fed)
@@ -139,7 +142,7 @@ def test_a_models_multi_row_pass_gives_its_one_row_passes_logits_and_choices():
     assert torch.equal(together.argmax(-1), one_by_one.argmax(-1))
     assert not any("forward" in m.__dict__ for m in model.modules() if isinstance(m, nn.Linear))
     install_packed(packed)
-    assert all(isinstance(m.__dict__["forward"], PackedLinearForward)
+    assert all(isinstance(m.__dict__["forward"], kind)
                for m in model.modules() if isinstance(m, nn.Linear))
 
 
@@ -171,28 +174,6 @@ def test_onednn_rows_do_not_depend_on_the_others():
             among = forward(torch.cat((torch.randn(others, 96, generator=generator), row)))
             torch.testing.assert_close(among[-1:], alone, rtol=1e-6, atol=1e-6)
 
-
-@needs_onednn
-def test_a_models_passes_on_onednn_give_its_one_row_logits_and_choices():
-    model = make_model(seed=6, hidden_size=64, intermediate_size=128).to(torch.float32)
-    attention.use_ragged(model)
-    generator = torch.Generator().manual_seed(7)
-    context = torch.randint(4, model.config.vocab_size, (20,), generator=generator).tolist()
-    fed = torch.randint(4, model.config.vocab_size, (9,), generator=generator).tolist()
-    with torch.inference_mode():
-        cache = SequenceCache(model)
-        cache.feed(context)
-        plain = cache.feed(fed)
-        cache.truncate(len(context))
-        packed = pack_linears(model, ANY_ROWS)
-        assert len(packed) == sum(isinstance(m, nn.Linear) for m in model.modules())
-        one_by_one = torch.stack([cache.feed([token])[-1] for token in fed])
-        cache.truncate(len(context))
-        together = cache.feed(fed)
-    unpack_linears(model)
-    torch.testing.assert_close(together, one_by_one, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(together, plain, rtol=1e-5, atol=1e-5)
-    assert torch.equal(together.argmax(-1), one_by_one.argmax(-1))
 
 
 @pytest.mark.skipif(len(packings_available("cpu", torch.float32)) < 2,
