@@ -248,6 +248,12 @@ class Replicas:
         return Counters(*(int(getattr(response, name, 0)) for name in (
             "live_sessions", "passes_total", "pass_rows_total", "pass_sessions_total")))
 
+    def packings(self) -> dict[str, str]:
+        """How each service packed its linear layers (Info's linear_packing: "any" for oneDNN's,
+        MKL's row counts, "none"), what `--packed-rows auto` chose at load."""
+        return {role: getattr(stub.Info(common_pb2.InfoRequest(), timeout=30), "linear_packing", "")
+                or "none" for role, stub in self._stubs.items()}
+
     def snapshot(self) -> dict[str, Counters]:
         return {role: self.info(role) for role in self._stubs}
 
@@ -772,6 +778,8 @@ def describe(config: BenchConfig, environment: dict) -> list[str]:
              f"draft method), services' dtype {config.dtype or 'default (auto)'}, "
              + (f"--packed-rows {config.packed_rows}, other service flags default; " if config.packed_rows
                 else "default service flags; ")
+             + (f"linear layers packed: {', '.join(f'{role} {how}' for role, how in packings.items())}; "
+                if (packings := environment.get("linear_packing")) else "")
              + f"{environment.get('cpu_count')} CPUs."
              + (f" Each cell: the mean of {config.repeats} rounds, interleaved with the other schedules' "
                 "(tok/s of each round in the JSON)." if config.repeats > 1 else ""))
@@ -830,6 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         address = services["orchestrator"].address
         replicas = Replicas(services["target"].address, services["draft"].address)
         try:
+            environment["linear_packing"] = replicas.packings()
             common.note(f"warm-up: one request per schedule, then a burst of {max(config.streams)} streams...")
             warm_up(address, config, prompts)
             cells = run_cells(address, replicas, config, prompts, progress, eta)

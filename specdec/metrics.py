@@ -63,6 +63,11 @@ class ServiceCollector:
             counter = CounterMetricFamily(name, help_text, labels=labels)
             counter.add_metric(values, float(value))
             yield counter
+        packing = GaugeMetricFamily("specdec_linear_packing_info", "How the linear layers' weights "
+                                    "are packed for the CPU's matrix product (any: oneDNN's layout; "
+                                    "row counts: MKL's; none)", labels=[*labels, "packing"])
+        packing.add_metric([*values, info.linear_packing or "none"], 1.0)
+        yield packing
 
 
 class PassHistograms:

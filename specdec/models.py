@@ -112,6 +112,7 @@ class LoadedModel:
     max_context: int
     dtype: str
     device: str
+    linear_packing: str = ""  # as the Info field: "any", "8,17" or "" (not packed)
 
 
 def resolve_model_dir(model: str, role: Role) -> Path:
@@ -193,6 +194,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         max_context=max_context,
         dtype=str(dtype).removeprefix("torch."),
         device=config.device,
+        linear_packing=packing if packing == ANY_ROWS else ",".join(map(str, packing)),
     )
 
 

@@ -32,7 +32,6 @@ load.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Sequence
 
@@ -171,41 +170,68 @@ def packings_available(device: str, dtype: torch.dtype) -> tuple[Packing, ...]:
     return tuple(found)
 
 
+def _linear_forward(module: nn.Linear, packing: Packing) -> LinearForward:
+    """One layer's packed forward for `packing` (not installed)."""
+    if packing == ANY_ROWS:
+        return OneDnnLinearForward(module)
+    return PackedLinearForward(module, check_row_counts(packing))
+
+
+def calibration_order(candidates: Sequence[Packing], repeats: int) -> list[tuple[int, Packing]]:
+    """(repeat, candidate) in the order pack_fastest times them: every repeat times every
+    candidate, forwards and backwards by turns, so that a slow spell of the machine (another
+    service loading on the same cores, a noisy neighbour) falls on every candidate alike instead
+    of on whichever was timed first. Repeat 0 is the warm-up."""
+    order = []
+    for repeat in range(repeats + 1):
+        turn = list(candidates) if repeat % 2 == 0 else list(reversed(candidates))
+        order.extend((repeat, candidate) for candidate in turn)
+    return order
+
+
 def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int = 3) -> Packing:
     """Installs whichever candidate packing multiplies fastest here and returns it (() for none).
 
-    With two or more candidates, each in turn is packed, timed over every float32 linear layer of
-    `model` at each of CALIBRATION_ROWS (the median of `repeats` after a warm-up) and dropped
-    again, so that no more than one packing is held at a time; the least total is packed again
-    and kept. Which library is faster depends on the CPU (MKL's small-row products are slow on an
-    AMD EPYC), so `auto` measures it at load, on the model's own shapes."""
+    With two or more candidates every float32 linear layer of `model` is timed in turn: the layer
+    is packed for each candidate, each packing's product is timed at each of CALIBRATION_ROWS,
+    candidates interleaved (calibration_order; the fastest of `repeats` after a warm-up), and the
+    layer's packings are dropped again, so that no more than one layer's extra copies are held at
+    a time. The least total over all layers is packed and kept. Which library is faster depends
+    on the CPU (MKL's small-row products are slow on an AMD EPYC), so `auto` measures it at load,
+    on the model's own shapes. A candidate that fails to pack is logged and left out."""
     if not candidates:
         return ()
     if len(candidates) > 1:
-        layers = _float32_linears(model)
+        totals: dict[Packing, float] = {candidate: 0.0 for candidate in candidates}
         generator = torch.Generator().manual_seed(0)
-        inputs = {(rows, module.in_features): torch.randn(rows, module.in_features, generator=generator)
-                  for rows in CALIBRATION_ROWS for module in layers}
-        totals: dict[Packing, float] = {}
+        inputs: dict[tuple[int, int], torch.Tensor] = {}
         with torch.inference_mode():
-            for candidate in candidates:
-                try:
-                    forwards = pack_linears(model, candidate)
-                except RuntimeError as error:  # a library that cannot pack these weights here
-                    unpack_linears(model)
-                    log.warning("packed linears: %s failed (%s); not used", describe_packing(candidate), error)
-                    continue
-                unpack_linears(model)
-                seconds: dict[int, list[float]] = {rows: [] for rows in CALIBRATION_ROWS}
-                for repeat in range(repeats + 1):  # the first round warms up and is not kept
+            for module in _float32_linears(model):
+                forwards: dict[Packing, LinearForward] = {}
+                for candidate in list(totals):
+                    try:
+                        forwards[candidate] = _linear_forward(module, candidate)
+                    except RuntimeError as error:  # a library that cannot pack these weights here
+                        log.warning("packed linears: %s failed (%s); not used",
+                                    describe_packing(candidate), error)
+                        del totals[candidate]
+                fastest: dict[tuple[Packing, int], float] = {}
+                for repeat, candidate in calibration_order(list(forwards), repeats):
                     for rows in CALIBRATION_ROWS:
+                        x = inputs.get((rows, module.in_features))
+                        if x is None:
+                            x = inputs[rows, module.in_features] = torch.randn(
+                                rows, module.in_features, generator=generator)
                         started = time.perf_counter()
-                        for module in layers:
-                            forwards[module](inputs[rows, module.in_features])
+                        forwards[candidate](x)
+                        seconds = time.perf_counter() - started
                         if repeat:
-                            seconds[rows].append(time.perf_counter() - started)
+                            key = (candidate, rows)
+                            fastest[key] = min(seconds, fastest.get(key, seconds))
+                for (candidate, _rows), seconds in fastest.items():
+                    if candidate in totals:
+                        totals[candidate] += seconds
                 del forwards
-                totals[candidate] = sum(statistics.median(times) for times in seconds.values())
         if not totals:
             return ()
         chosen = min(totals, key=totals.__getitem__)

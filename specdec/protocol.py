@@ -201,6 +201,7 @@ class ReplicaInfo:
     passes_total: int = 0
     pass_rows_total: int = 0
     pass_sessions_total: int = 0
+    linear_packing: str = ""  # "any" (oneDNN's), MKL's row counts "8,17", "": none
 
 
 def check_token_ids(token_ids: Iterable[int], vocab_size: int, what: str) -> None:

@@ -135,6 +135,7 @@ class SessionService(Generic[State]):
             eos_token_ids=loaded.eos_token_ids,
             max_sessions=self.config.budget.max_sessions,
             max_cached_tokens=self.config.budget.max_cached_tokens,
+            linear_packing=loaded.linear_packing,
             **dataclasses.asdict(self.worker.counters),
         )
 

@@ -24,6 +24,10 @@ def test_metrics_report_sessions_and_tokens(stack, loop_thread):
     assert set(before) >= {"specdec_active_sessions", "specdec_cached_tokens", "specdec_load",
                            "specdec_max_sessions"}
     assert before["specdec_max_sessions"] == stack.target.config.budget.max_sessions
+    packing = stack.target.info().linear_packing or "none"
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert f'packing="{packing}"' in next(line for line in body.splitlines()
+                                         if line.startswith("specdec_linear_packing_info{"))
 
     async def hold_a_session():
         handle, _, _ = await stack.target.prefill("metrics-probe", [3, 4, 5, 6], SamplingParams(), False)

@@ -20,6 +20,7 @@ from specdec.packed_linear import (
     DEFAULT_PACKED_ROWS,
     OneDnnLinearForward,
     PackedLinearForward,
+    calibration_order,
     check_row_counts,
     install_packed,
     linear_weight_bytes,
@@ -190,3 +191,51 @@ def test_auto_installs_the_faster_packing_and_only_it():
     assert not any("forward" in m.__dict__ for m in linears)
     assert pack_fastest(model, (ANY_ROWS,)) == ANY_ROWS  # one candidate: no timing, installed
     assert all(isinstance(m.__dict__["forward"], OneDnnLinearForward) for m in linears)
+
+
+def test_calibration_interleaves_the_candidates_so_a_slow_spell_falls_on_all_alike():
+    order = calibration_order(("a", "b", "c"), repeats=4)
+    assert [repeat for repeat, _ in order] == [r for r in range(5) for _ in range(3)]
+    timed = [candidate for repeat, candidate in order if repeat]
+    assert timed == list("cba" "abc" "cba" "abc")
+    # over each pair of timed repeats every candidate sits, on average, at the same place
+    for first in (0, 6):
+        pair = timed[first:first + 6]
+        places = {c: sum(i for i, x in enumerate(pair) if x == c) for c in "abc"}
+        assert len(set(places.values())) == 1
+
+
+@pytest.mark.skipif(len(packings_available("cpu", torch.float32)) < 2,
+                    reason="auto chooses only where both MKL and oneDNN are built in")
+def test_auto_leaves_out_a_packing_that_fails_to_build(monkeypatch, caplog):
+    def cannot_reorder(self, linear):
+        raise RuntimeError("no reorder here")
+
+    monkeypatch.setattr(OneDnnLinearForward, "__init__", cannot_reorder)
+    model = make_model(seed=9, hidden_size=64, intermediate_size=128).to(torch.float32)
+    with caplog.at_level("WARNING", logger="specdec.packed_linear"):
+        chosen = pack_fastest(model, (ANY_ROWS, DEFAULT_PACKED_ROWS), repeats=1)
+    assert chosen == DEFAULT_PACKED_ROWS
+    assert "oneDNN's, for any row count failed (no reorder here)" in caplog.text
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all(isinstance(m.__dict__["forward"], PackedLinearForward) for m in linears)
+
+
+@pytest.mark.parametrize("packed_rows", [None, (), ANY_ROWS, (8, 17)])
+def test_a_loaded_model_reports_its_packing(tmp_path, packed_rows):
+    from specdec.models import load_model
+    from tests import tiny_models
+
+    config = ModelConfig(str(tiny_models.save(make_model(seed=2).to(torch.float32), tmp_path / "m",
+                                              with_tokenizer=False)), "target", dtype="float32",
+                         packed_rows=packed_rows)
+    candidates = config.packing_candidates
+    loaded = load_model(config)
+    linears = [m for m in loaded.model.modules() if isinstance(m, nn.Linear)]
+    if not candidates:
+        assert loaded.linear_packing == ""
+        assert not any("forward" in m.__dict__ for m in linears)
+    elif isinstance(linears[0].__dict__["forward"], OneDnnLinearForward):
+        assert loaded.linear_packing == ANY_ROWS
+    else:
+        assert loaded.linear_packing == ",".join(map(str, DEFAULT_PACKED_ROWS))
