@@ -67,9 +67,12 @@ SAMPLING_SEED = 1000  # + the prompt's index: the same seed for every schedule a
 PREDICTED_FANOUTS = (1, 2, 3, 4, 8)  # 8: the draft's candidates per position
 MAX_CANDIDATES = 8
 # --emulated-pair: pass times (fixed seconds, seconds per row) of the default pair pinned to one
-# core with one torch thread each, from this benchmark's own runs on it; and the draft's noise.
-TARGET_PASS_SECONDS = (0.050, 0.006)
-DRAFT_PASS_SECONDS = (0.0065, 0.0005)
+# core with one torch thread each, linear layers packed for oneDNN (what `auto` chose on an AMD
+# EPYC): `taskset -c 0 python benchmarks/verify_cost.py --threads 1 --rows 1,2,4,8,16` and the
+# same with `--role draft`, fitted (target 32 / 39 / 39 / 46 / 63 ms, draft 4.0 / 5.1 / 5.7 / 5.5
+# / 7.0 ms); and the draft's noise.
+TARGET_PASS_SECONDS = (0.032, 0.0019)
+DRAFT_PASS_SECONDS = (0.0040, 0.0002)
 DEFAULT_PERTURBATION = 0.15
 SERVERS_MAX_K = 16  # the services' and the orchestrator's default --max-num-speculative-tokens
 
