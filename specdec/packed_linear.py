@@ -123,6 +123,7 @@ class OneDnnLinearForward:
 
 
 LinearForward = PackedLinearForward | OneDnnLinearForward
+Packing = tuple[int, ...] | str  # MKL's row counts, ANY_ROWS (oneDNN's), or () for none
 
 
 def _float32_linears(model: nn.Module) -> list[nn.Linear]:
@@ -130,16 +131,19 @@ def _float32_linears(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
 
 
+def _linear_forward(module: nn.Linear, packing: Packing) -> LinearForward:
+    """One layer's packed forward for `packing` (not installed)."""
+    if packing == ANY_ROWS:
+        return OneDnnLinearForward(module)
+    return PackedLinearForward(module, check_row_counts(packing))
+
+
 def pack_linears(model: nn.Module, rows: Sequence[int] | str) -> dict[nn.Linear, LinearForward]:
     """Gives every float32 nn.Linear of `model` a packed forward: MKL's for these row counts, or
     oneDNN's for any (rows == ANY_ROWS); returns them by layer (install_packed puts them back after
     unpack_linears). Call after the weights are final (loaded, on their device, in their dtype)."""
-    if rows == ANY_ROWS:
-        forwards: dict[nn.Linear, LinearForward] = {
-            module: OneDnnLinearForward(module) for module in _float32_linears(model)}
-    else:
-        row_counts = check_row_counts(rows)
-        forwards = {module: PackedLinearForward(module, row_counts) for module in _float32_linears(model)}
+    packing = rows if rows == ANY_ROWS else check_row_counts(rows)
+    forwards = {module: _linear_forward(module, packing) for module in _float32_linears(model)}
     install_packed(forwards)
     return forwards
 
@@ -156,7 +160,6 @@ def linear_weight_bytes(model: nn.Module) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
-Packing = tuple[int, ...] | str  # MKL's row counts, ANY_ROWS (oneDNN's), or () for none
 CALIBRATION_ROWS = (1, 2, 4, 8, 16)  # a decode step, verify rounds at K = 1, 3, 7, 15, batches
 
 
@@ -168,13 +171,6 @@ def packings_available(device: str, dtype: torch.dtype) -> tuple[Packing, ...]:
     if packing_available(device, dtype):
         found.append(DEFAULT_PACKED_ROWS)
     return tuple(found)
-
-
-def _linear_forward(module: nn.Linear, packing: Packing) -> LinearForward:
-    """One layer's packed forward for `packing` (not installed)."""
-    if packing == ANY_ROWS:
-        return OneDnnLinearForward(module)
-    return PackedLinearForward(module, check_row_counts(packing))
 
 
 def calibration_order(candidates: Sequence[Packing], repeats: int) -> list[tuple[int, Packing]]:
