@@ -34,6 +34,7 @@ from specdec.packed_linear import (
     onednn_available,
     pack_linears,
     packing_available,
+    packing_text,
     unpack_linears,
 )
 
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
     parser.add_argument("--rows", default="1,2,3,4,5,6,8", help="tokens per pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--packed-rows", default=",".join(map(str, DEFAULT_PACKED_ROWS)),
+    parser.add_argument("--packed-rows", default=packing_text(DEFAULT_PACKED_ROWS),
                         help="row counts of the MKL packing's column (oneDNN's serves any)")
     parser.add_argument("--out", type=Path, default=None, help="append the table to this file")
     return parser.parse_args(argv)

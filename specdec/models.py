@@ -26,6 +26,7 @@ from specdec.packed_linear import (
     onednn_available,
     pack_fastest,
     packing_available,
+    packing_text,
     packings_available,
 )
 
@@ -194,7 +195,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         max_context=max_context,
         dtype=str(dtype).removeprefix("torch."),
         device=config.device,
-        linear_packing=packing if packing == ANY_ROWS else ",".join(map(str, packing)),
+        linear_packing=packing_text(packing),
     )
 
 

@@ -225,8 +225,7 @@ def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int =
                             key = (candidate, rows)
                             fastest[key] = min(seconds, fastest.get(key, seconds))
                 for (candidate, _rows), seconds in fastest.items():
-                    if candidate in totals:
-                        totals[candidate] += seconds
+                    totals[candidate] += seconds
                 del forwards
         if not totals:
             return ()
@@ -240,11 +239,16 @@ def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int =
     return chosen
 
 
+def packing_text(packing: Packing) -> str:
+    """A packing as --packed-rows and Info's linear_packing write it: "any", "8,17", "" (none)."""
+    return packing if packing == ANY_ROWS else ",".join(map(str, packing))
+
+
 def describe_packing(packing: Packing) -> str:
     if packing == ANY_ROWS:
         return "oneDNN's, for any row count"
     if packing:
-        return "MKL's, for " + ",".join(map(str, packing)) + " rows"
+        return f"MKL's, for {packing_text(packing)} rows"
     return "none"
 
 

@@ -22,7 +22,7 @@ from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.lookup import DRAFT_METHODS, LOOKUP_METHODS, SUFFIX_CACHE_MODES
 from specdec.models import ModelConfig
-from specdec.packed_linear import ANY_ROWS, DEFAULT_PACKED_ROWS, check_row_counts
+from specdec.packed_linear import ANY_ROWS, DEFAULT_PACKED_ROWS, check_row_counts, packing_text
 from specdec.rpc.auth import TOKEN_ENV
 from specdec.rpc.server import ServerConfig, TlsConfig, check_port_free
 from specdec.serving import ServiceConfig
@@ -98,7 +98,7 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "of any row count; N,N: MKL's, a copy per row count, a pass of 4 rows or "
                              "more padded to the next. Multi-row passes (verify rounds, batched "
                              "sessions) run much faster. auto: on a CPU in float32, whichever of "
-                             f"{ANY_ROWS} and {','.join(map(str, DEFAULT_PACKED_ROWS))} multiplies "
+                             f"{ANY_ROWS} and {packing_text(DEFAULT_PACKED_ROWS)} multiplies "
                              "faster on this machine, measured at load; else off")
     parser.add_argument("--replica-id", default=None, help="this replica's name (default host:port)")
     parser.add_argument("--max-sessions", type=int, default=default_of(SessionBudget, "max_sessions"),
