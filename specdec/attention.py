@@ -68,12 +68,23 @@ def ragged_attention(
         return sdpa_keeping_kv_heads(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)
     layer = module.layer_idx
+    gqa = key.shape[1] != query.shape[1]
     outputs = []
     for span in ragged.spans:
         keys, values = span.cache.append(layer, key[:, :, span.start:span.end], value[:, :, span.start:span.end])
-        outputs.append(torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, span.start:span.end], keys, values, attn_mask=span.mask, scale=scaling,
-            enable_gqa=keys.shape[1] != query.shape[1]))
+        if not span.calls:
+            outputs.append(torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, span.start:span.end], keys, values, attn_mask=span.mask, scale=scaling,
+                enable_gqa=gqa))
+            continue
+        # Batch-invariant: each call sees exactly the keys up to its last row, as a pass that fed
+        # these rows alone would (specdec.ragged).
+        cached = keys.shape[2] - (span.end - span.start)
+        for first, end in span.calls:
+            mask = None if end - first == 1 else span.mask[first:end, :cached + end]
+            outputs.append(torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, span.start + first:span.start + end], keys[:, :, :cached + end],
+                values[:, :, :cached + end], attn_mask=mask, scale=scaling, enable_gqa=gqa))
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (1, H, N, D)
     return output.transpose(1, 2).contiguous(), None
 

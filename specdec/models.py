@@ -16,6 +16,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from specdec import attention
 from specdec.errors import InvalidInput, Unavailable
+from specdec.ragged import mark_batch_invariant
 from specdec.packed_linear import (
     ANY_ROWS,
     MIN_PACKED_ROWS,
@@ -23,6 +24,7 @@ from specdec.packed_linear import (
     check_row_counts,
     describe_packing,
     linear_weight_bytes,
+    native_bfloat16,
     onednn_available,
     pack_fastest,
     packing_available,
@@ -49,7 +51,7 @@ class ModelConfig:
     model: str  # a Hugging Face model directory, or "default" for the default pair
     role: Role
     device: str = "cpu"
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    dtype: str = "auto"  # auto: bfloat16 on CUDA and on a CPU with native bfloat16, else float32
     max_context: int = 0  # 0: the model's max_position_embeddings
     # How to pack the linear layers' weights (specdec/packed_linear.py): row counts for MKL's
     # packing, ANY_ROWS for oneDNN's, (): off; None, auto: where packing can run (a CPU, float32),
@@ -70,17 +72,23 @@ class ModelConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """The dtype to run in: an explicit one; auto: bfloat16 on CUDA, float32 on a CPU.
+        """The dtype to run in: an explicit one; auto: bfloat16 on CUDA and on a CPU that multiplies
+        bfloat16 natively (avx512_bf16, AMX), float32 on any other CPU.
 
-        float32 on a CPU even where native bfloat16 instructions batch far better (SmolLM2-135M on
-        2 cores: a pass over 8 sessions' rows 47 ms in bfloat16 against 74 ms in float32, one row
-        35 vs 32 ms): bfloat16 logits sit on a grid of about 0.125 at these magnitudes, so a verify
-        pass over K + 1 rows and a one-row pass often disagree on a near-tie, and greedy output then
-        differs from the target decoding alone (5 of 8 benchmark prompts within 96 tokens).
-        `--dtype bfloat16` trades that for throughput.
+        On such a CPU a bfloat16 pass with oneDNN's packed weights costs about 0.7x a float32 one
+        over several sessions' rows (SmolLM2-135M on 2 cores: 8 sessions' one-token steps 40 vs
+        56 ms, the same sessions at K = 2 58 vs 89 ms) and its passes are batch-invariant
+        (specdec.ragged): every row's logits are the bits a one-token step alone would give, so
+        greedy output is exactly the target decoding alone in bfloat16, under any load. (Without
+        that, bfloat16's coarse logits made a verify pass and a one-token step disagree on
+        near-ties within a few dozen tokens.) Its output is the bfloat16 model's: `--dtype float32`
+        serves the float32 model's, whose batched rows differ from one-token steps by float
+        rounding (a flipped near-tie now and then).
         """
         if self.dtype == "auto":
-            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+            if self.device.startswith("cuda") or native_bfloat16():
+                return torch.bfloat16
+            return torch.float32
         return DTYPES[self.dtype]
 
     @property
@@ -174,6 +182,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.requires_grad_(False)
     attention.use_ragged(model)
     packing = pack_fastest(model, config.packing_candidates)
+    if mark_batch_invariant(model):
+        log.info("passes are batch-invariant: every row's logits are exactly a one-token step's")
     if packing == ANY_ROWS:
         log.info("linear layers packed for oneDNN, for passes of any row count (a copy of %d MiB of "
                  "weights; --packed-rows off saves it)", linear_weight_bytes(model) // 2**20)

@@ -1,5 +1,6 @@
-"""Linear layers with their weights packed once for the CPU's matrix product (float32): MKL's
-packing per row count, or oneDNN's for any.
+"""Linear layers with their weights packed once for the CPU's matrix product: MKL's packing per
+row count, or oneDNN's for any (float32; bfloat16 on a CPU with native bfloat16 instructions,
+oneDNN's only).
 
 For a product of 4 or more rows, MKL's float32 GEMM copies the whole weight matrix into its own
 blocked layout on every call; for 1-3 rows it reads the weights as they are (a matrix-vector
@@ -27,6 +28,14 @@ about what one row does. Each output row's value does not depend on the others (
 rounding, which for some shapes differs with the row count, as MKL's paths do). `auto`
 (pack_fastest) installs, per machine, the faster of the two on the model's own layer shapes at
 load.
+
+In bfloat16, oneDNN's packed product gives every row exactly the value it has in a product of that
+row alone, bit for bit, as long as the product has at most ROW_BLOCK rows (measured on every layer
+shape of SmolLM2-135M, 1 and 2 threads; above 32 rows some shapes change their blocking and rows
+move by a rounding step). So a bfloat16 packed forward multiplies in blocks of ROW_BLOCK rows: a
+row's value then never depends on what else is in the pass, which together with the row-by-row
+attention of verify rows (specdec.attention) makes a batched verify pass score every row exactly as
+a one-token step would (docs/architecture.md, "Batch-invariant passes").
 """
 
 from __future__ import annotations
@@ -46,6 +55,15 @@ MIN_PACKED_ROWS = 4  # below this MKL's matrix-vector path is faster than any pa
 # 9-17 as 17 (a round at the largest K of the default 16).
 DEFAULT_PACKED_ROWS = (8, 17)
 ANY_ROWS = "any"  # oneDNN's packing: one copy that serves every row count
+# The most rows a bfloat16 packed product takes at once: up to here every row's value is its
+# value alone (see the module's docstring); longer products run in blocks of this many rows.
+ROW_BLOCK = 32
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+                or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def packing_available(device: str, dtype: torch.dtype) -> bool:
@@ -55,8 +73,10 @@ def packing_available(device: str, dtype: torch.dtype) -> bool:
 
 
 def onednn_available(device: str, dtype: torch.dtype) -> bool:
-    """Whether oneDNN's packed linears can run here: a CPU, float32 and a torch built with oneDNN."""
-    return (device == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    """Whether oneDNN's packed linears can run here: a CPU, a torch built with oneDNN, and float32
+    or bfloat16 on a CPU that multiplies it natively."""
+    dtype_runs = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bfloat16())
+    return (device == "cpu" and dtype_runs and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
@@ -105,30 +125,48 @@ class PackedLinearForward:
 
 class OneDnnLinearForward:
     """A replacement for one nn.Linear's forward: oneDNN's product over its weights reordered once,
-    for a product of any row count."""
+    for a product of any row count; in bfloat16 in blocks of at most ROW_BLOCK rows, so that each
+    row's value is its value alone."""
 
     def __init__(self, linear: nn.Linear) -> None:
         self.weight = linear.weight
         self.bias = linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), None)
+        self.row_block = ROW_BLOCK if linear.weight.dtype == torch.bfloat16 else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         features = x.shape[-1]
         rows = x.numel() // features if features else 0
         if rows == 0:
             return F.linear(x, self.weight, self.bias)
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, features).contiguous(), self.packed,
-                                                 self.bias, "none", [], "")
+        flat = x.reshape(rows, features)
+        if self.row_block is None or rows <= self.row_block:
+            out = self._product(flat)
+        else:
+            out = torch.cat([self._product(flat[start:start + self.row_block])
+                             for start in range(0, rows, self.row_block)])
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether every row's value is exactly its value alone, whatever else is in the product."""
+        return self.row_block is not None
 
 
 LinearForward = PackedLinearForward | OneDnnLinearForward
 Packing = tuple[int, ...] | str  # MKL's row counts, ANY_ROWS (oneDNN's), or () for none
 
 
-def _float32_linears(model: nn.Module) -> list[nn.Linear]:
-    """The nn.Linear layers of `model` whose weights are float32: the ones packing serves."""
-    return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
+_PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _packable_linears(model: nn.Module) -> list[nn.Linear]:
+    """The nn.Linear layers of `model` whose weights are float32 or bfloat16: the ones packing
+    serves (packings_available says which packing runs in which)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype in _PACKED_DTYPES]
 
 
 def _linear_forward(module: nn.Linear, packing: Packing) -> LinearForward:
@@ -139,11 +177,11 @@ def _linear_forward(module: nn.Linear, packing: Packing) -> LinearForward:
 
 
 def pack_linears(model: nn.Module, rows: Sequence[int] | str) -> dict[nn.Linear, LinearForward]:
-    """Gives every float32 nn.Linear of `model` a packed forward: MKL's for these row counts, or
-    oneDNN's for any (rows == ANY_ROWS); returns them by layer (install_packed puts them back after
+    """Gives every float32 or bfloat16 nn.Linear of `model` a packed forward: MKL's for these row
+    counts, or oneDNN's for any (rows == ANY_ROWS); returns them by layer (install_packed puts them back after
     unpack_linears). Call after the weights are final (loaded, on their device, in their dtype)."""
     packing = rows if rows == ANY_ROWS else check_row_counts(rows)
-    forwards = {module: _linear_forward(module, packing) for module in _float32_linears(model)}
+    forwards = {module: _linear_forward(module, packing) for module in _packable_linears(model)}
     install_packed(forwards)
     return forwards
 
@@ -154,9 +192,9 @@ def install_packed(forwards: dict[nn.Linear, LinearForward]) -> None:
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the float32 nn.Linear weights of `model` (a tied weight once): what one packed row
+    """Bytes of the packable nn.Linear weights of `model` (a tied weight once): what one packed row
     count adds."""
-    weights = {id(m.weight): m.weight for m in _float32_linears(model)}
+    weights = {id(m.weight): m.weight for m in _packable_linears(model)}
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
@@ -188,7 +226,7 @@ def calibration_order(candidates: Sequence[Packing], repeats: int) -> list[tuple
 def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int = 3) -> Packing:
     """Installs whichever candidate packing multiplies fastest here and returns it (() for none).
 
-    With two or more candidates every float32 linear layer of `model` is timed in turn: the layer
+    With two or more candidates every packable linear layer of `model` is timed in turn: the layer
     is packed for each candidate, each packing's product is timed at each of CALIBRATION_ROWS,
     candidates interleaved (calibration_order; the fastest of `repeats` after a warm-up), and the
     layer's packings are dropped again, so that no more than one layer's extra copies are held at
@@ -202,7 +240,7 @@ def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int =
         generator = torch.Generator().manual_seed(0)
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         with torch.inference_mode():
-            for module in _float32_linears(model):
+            for module in _packable_linears(model):
                 forwards: dict[Packing, LinearForward] = {}
                 for candidate in list(totals):
                     try:
@@ -217,7 +255,7 @@ def pack_fastest(model: nn.Module, candidates: Sequence[Packing], repeats: int =
                         x = inputs.get((rows, module.in_features))
                         if x is None:
                             x = inputs[rows, module.in_features] = torch.randn(
-                                rows, module.in_features, generator=generator)
+                                rows, module.in_features, generator=generator).to(module.weight.dtype)
                         started = time.perf_counter()
                         forwards[candidate](x)
                         seconds = time.perf_counter() - started
@@ -250,6 +288,14 @@ def describe_packing(packing: Packing) -> str:
     if packing:
         return f"MKL's, for {packing_text(packing)} rows"
     return "none"
+
+
+def rows_invariant(model: nn.Module) -> bool:
+    """Whether every linear layer of `model` gives each row exactly its value alone, whatever else
+    is in the product (bfloat16 with oneDNN's packing; see the module's docstring)."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    forwards = [m.__dict__.get("forward") for m in linears]
+    return bool(linears) and all(isinstance(f, OneDnnLinearForward) and f.row_invariant for f in forwards)
 
 
 def unpack_linears(model: nn.Module) -> None:

@@ -8,6 +8,14 @@ over that session's cache only (specdec.attention.ragged_attention). No padding 
 cache; a row's logits do not depend on its batch-mates beyond float rounding (the matrix
 multiplications see more rows), so batching never changes what the lossless rule decides beyond
 what a different kernel would.
+
+A batch-invariant model (mark_batch_invariant: bfloat16 with oneDNN's packing, whose products give
+each row exactly its value alone) removes even the rounding: attention then runs row by row for a
+feed whose every row is scored (a Verify's K + 1 rows, each over exactly the cache a one-token step
+at its position would see) and in blocks of PREFILL_BLOCK positions for a prompt (the worker cuts
+prompts into chunks at those positions too), so that a row's logits are the same bits whatever
+else shares the pass and however a prompt was chunked: greedy output is then identical to the
+target decoding alone, under any load.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import torch
 
 from specdec.attention import RAGGED
 from specdec.kv_cache import SequenceCache
+from specdec.packed_linear import rows_invariant
 
 
 Result = TypeVar("Result")
@@ -42,6 +51,25 @@ class Feed:
 # services' worker (specdec.worker) runs many jobs' Feeds in shared passes; run_alone runs one.
 Job = Generator[Feed, torch.Tensor, Result]
 
+# A batch-invariant model's attention over a prompt runs in blocks of this many positions, and the
+# worker ends prompt chunks on them: a prompt's rows then get the same attention calls however it
+# is chunked.
+PREFILL_BLOCK = 16
+_BATCH_INVARIANT = "_specdec_batch_invariant"
+
+
+def mark_batch_invariant(model: torch.nn.Module) -> bool:
+    """Records (and returns) whether the model's passes are batch-invariant: every linear layer
+    gives each row exactly its value alone (specdec.packed_linear.rows_invariant). Call after
+    packing; forward then runs attention as the module's docstring says."""
+    invariant = rows_invariant(model)
+    setattr(model, _BATCH_INVARIANT, invariant)
+    return invariant
+
+
+def batch_invariant(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, _BATCH_INVARIANT, False))
+
 
 def run_alone(model: torch.nn.Module, job: Job[Result]) -> Result:
     """Runs a job with a pass of its own for each Feed."""
@@ -56,12 +84,15 @@ def run_alone(model: torch.nn.Module, job: Job[Result]) -> Result:
 @dataclass(frozen=True)
 class Span:
     """A session's rows in the packed sequence: [start, end), and its causal mask over the cache
-    plus its new rows ((n, cached + n) bool; None for one row, which sees everything)."""
+    plus its new rows ((n, cached + n) bool; None for one row, which sees everything). calls: how
+    attention splits the rows into calls, as (first, end) row offsets within the span; () for one
+    call over all of them."""
 
     cache: SequenceCache
     start: int
     end: int
     mask: torch.Tensor | None
+    calls: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,18 @@ class RaggedBatch:
     """Passed through the model's forward to the attention function (as the `ragged` keyword)."""
 
     spans: tuple[Span, ...]
+
+
+def attention_calls(cached: int, new: int, scored: bool) -> tuple[tuple[int, int], ...]:
+    """A batch-invariant pass's attention calls for `new` rows after `cached`: one per row when
+    every row is scored, else one per PREFILL_BLOCK of positions; () when one call covers all."""
+    if new == 1:
+        return ()
+    if scored:
+        return tuple((row, row + 1) for row in range(new))
+    cuts = [0, *range(PREFILL_BLOCK - cached % PREFILL_BLOCK, new, PREFILL_BLOCK), new]
+    calls = tuple((first, end) for first, end in zip(cuts, cuts[1:]) if end > first)
+    return calls if len(calls) > 1 else ()
 
 
 def _causal_mask(cached: int, new: int, device: torch.device) -> torch.Tensor | None:
@@ -92,6 +135,7 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
     if len({id(f.cache) for f in feeds}) != len(feeds):
         raise ValueError("a session can feed only once per pass")
     device = model.device
+    invariant = batch_invariant(model)
     token_ids: list[int] = []
     positions: list[int] = []
     keep: list[int] = []
@@ -105,7 +149,8 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
         token_ids.extend(feed.token_ids)
         positions.extend(range(cached, cached + new))
         keep.extend(range(start, start + new) if feed.keep_all else (start + new - 1,))
-        spans.append(Span(feed.cache, start, start + new, _causal_mask(cached, new, device)))
+        calls = attention_calls(cached, new, feed.keep_all) if invariant else ()
+        spans.append(Span(feed.cache, start, start + new, _causal_mask(cached, new, device), calls))
     output = model(
         input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),

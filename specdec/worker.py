@@ -89,8 +89,6 @@ _model_thread_lock = threading.Lock()
 _SHORT_FEED = 64
 # A session back after longer than this is not in step with anyone: its gap is not learnt from.
 _MAX_RETURN_GAP = 0.5
-# A prompt chunk gets at least this many tokens of a pass, whatever the decode rows left.
-_MIN_CHUNK = 16
 
 
 def model_thread() -> ThreadPoolExecutor:
@@ -344,7 +342,8 @@ class ModelWorker:
     def _choose(self, entries: list[_Entry]) -> list[tuple[_Entry, Feed]]:
         """This pass's feeds within the budget: decode-sized feeds (and any feed whose every row's
         logits are wanted, which is never split) first, in order; then prompt chunks with the
-        tokens left, at least _MIN_CHUNK so that a prompt always moves."""
+        tokens left (_chunk: each ending on a PREFILL_BLOCK position, and at least up to the next
+        one, so that a prompt always moves)."""
         budget = self.limits.max_pass_tokens
         chosen: list[tuple[_Entry, Feed]] = []
         rest = [(e, len(e.feed.token_ids) - e.fed) for e in entries]
@@ -359,7 +358,7 @@ class ModelWorker:
                 break
             if entry.feed.keep_all or id(entry) in taken:
                 continue
-            take = min(size, max(budget, _MIN_CHUNK))
+            take = _chunk(len(entry.feed.cache), size, budget)
             chosen.append((entry, _rest(entry, take)))
             budget -= take
             chunked = True
@@ -402,6 +401,23 @@ class ModelWorker:
             entry.future.cancel()
             entry.future.set_running_or_notify_cancel()  # marks it cancelled for its waiters
         concurrent.futures.wait(started)
+
+
+def _chunk(position: int, size: int, tokens: int) -> int:
+    """How many of a prompt's `size` tokens still to feed, from `position` on, one pass takes with
+    `tokens` left in its budget: all of them if they fit, else up to the last PREFILL_BLOCK
+    position the tokens reach, at least up to the next one (a chunk of up to PREFILL_BLOCK tokens
+    even when the decode rows took the whole budget), so that a prompt is cut at the same
+    positions whatever the load (a batch-invariant model's attention runs in those blocks)."""
+    from specdec.ragged import PREFILL_BLOCK
+
+    if size <= tokens:
+        return size
+    end = position + tokens
+    end -= end % PREFILL_BLOCK
+    if end <= position:
+        end = position + PREFILL_BLOCK - position % PREFILL_BLOCK
+    return min(size, end - position)
 
 
 def _rest(entry: _Entry, take: int) -> Feed:

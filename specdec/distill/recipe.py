@@ -29,6 +29,7 @@ from specdec.distill.train import (
 )
 from specdec.distill.written_prompts import write_prompts
 from specdec.draft_model import save_draft
+from specdec.packed_linear import native_bfloat16
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,7 @@ def compute_dtype(choice: str, device: str) -> torch.dtype:
         return getattr(torch, choice)
     if device.startswith("cuda"):
         return torch.bfloat16
-    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
-        torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if native_bfloat16() else torch.float32
 
 
 def generation_dtype(config: DistillConfig) -> torch.dtype:

@@ -24,6 +24,7 @@ from specdec.packed_linear import (
     check_row_counts,
     install_packed,
     linear_weight_bytes,
+    native_bfloat16,
     onednn_available,
     pack_fastest,
     pack_linears,
@@ -63,12 +64,15 @@ def test_the_flag_reads_auto_off_any_and_row_counts():
             packed_rows_flag(bad)
 
 
-def test_packing_runs_only_on_a_cpu_in_float32():
+def test_packing_runs_on_a_cpu_in_float32_and_in_native_bfloat16():
     assert ModelConfig("default", "target", dtype="float64").packing_candidates == ()
-    assert ModelConfig("default", "target", dtype="bfloat16").packing_candidates == ()
+    assert ModelConfig("default", "target", dtype="float16").packing_candidates == ()
+    # bfloat16: oneDNN's packing only (MKL's packed product is float32's), on a CPU that has it
+    assert ModelConfig("default", "target", dtype="bfloat16").packing_candidates == (
+        (ANY_ROWS,) if native_bfloat16() and onednn_available("cpu", torch.float32) else ())
     assert ModelConfig("default", "target", packed_rows=()).packing_candidates == ()
     available = packings_available("cpu", torch.float32)
-    assert ModelConfig("default", "target").packing_candidates == available  # auto: measured at load
+    assert ModelConfig("default", "target", dtype="float32").packing_candidates == available
     assert ModelConfig("default", "target", dtype="float32", packed_rows=(6,)).packing_candidates == (
         ((6,),) if DEFAULT_PACKED_ROWS in available else ())
     assert ModelConfig("default", "target", packed_rows=ANY_ROWS).packing_candidates == (

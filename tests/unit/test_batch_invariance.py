@@ -1,0 +1,154 @@
+"""Batch-invariant passes (specdec.ragged, specdec.attention, specdec.packed_linear): in bfloat16
+with oneDNN's packing, every row of a pass gets exactly the logits a one-token step alone would
+give, whatever else shares the pass and however a prompt was chunked. Checked bit for bit on a
+model with the default target's layer shapes (SmolLM2-135M: 576 wide, 1536 in the MLP, 9 query
+and 3 key/value heads of 64, a 49,152-token head), randomly initialised, three layers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec import attention
+from specdec.kv_cache import SequenceCache
+from specdec.packed_linear import ANY_ROWS, ROW_BLOCK, native_bfloat16, onednn_available, pack_linears
+from specdec.ragged import PREFILL_BLOCK, Feed, attention_calls, batch_invariant, forward, mark_batch_invariant
+from specdec.worker import _chunk
+
+needs_native_bfloat16 = pytest.mark.skipif(
+    not (native_bfloat16() and onednn_available("cpu", torch.bfloat16)),
+    reason="batch-invariant passes need a CPU with native bfloat16 and a torch built with oneDNN")
+
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=3,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                         max_position_embeddings=2048, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.requires_grad_(False)
+    attention.use_ragged(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def invariant_model(model) -> LlamaForCausalLM:
+    if not (native_bfloat16() and onednn_available("cpu", torch.bfloat16)):
+        pytest.skip("batch-invariant passes need a CPU with native bfloat16 and oneDNN")
+    pack_linears(model, ANY_ROWS)
+    assert mark_batch_invariant(model)
+    return model
+
+
+def _tokens(rng: random.Random, count: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(count)]
+
+
+def _steps(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """Logits of each of `tokens` fed one at a time after the prompt, (len(tokens), V)."""
+    cache = SequenceCache(model)
+    forward(model, [Feed(cache, prompt)])
+    return torch.cat([forward(model, [Feed(cache, [token])])[0] for token in tokens])
+
+
+def _verify(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """Logits of `tokens` fed in one pass after the prompt, every row kept (a Verify)."""
+    cache = SequenceCache(model)
+    forward(model, [Feed(cache, prompt)])
+    return forward(model, [Feed(cache, tokens, keep_all=True)])[0]
+
+
+def test_attention_calls_split_scored_rows_one_by_one_and_prompts_at_block_positions():
+    assert attention_calls(cached=10, new=1, scored=True) == ()
+    assert attention_calls(cached=10, new=3, scored=True) == ((0, 1), (1, 2), (2, 3))
+    block = PREFILL_BLOCK
+    assert attention_calls(cached=0, new=block, scored=False) == ()  # one block: one call
+    assert attention_calls(cached=0, new=2 * block + 3, scored=False) == (
+        (0, block), (block, 2 * block), (2 * block, 2 * block + 3))
+    # a feed that starts inside a block: its first call ends where that block does
+    assert attention_calls(cached=block - 2, new=5, scored=False) == ((0, 2), (2, 5))
+
+
+def test_prompt_chunks_end_on_block_positions_whatever_the_budget():
+    block = PREFILL_BLOCK
+    assert _chunk(position=0, size=40, tokens=100) == 40  # it fits: all of it
+    assert _chunk(position=0, size=150, tokens=2 * block + 5) == 2 * block
+    assert _chunk(position=3, size=150, tokens=5) == block - 3  # up to the next block position
+    assert _chunk(position=block, size=150, tokens=0) == block  # the decode rows took the budget
+    assert _chunk(position=0, size=10, tokens=0) == 10
+    for position in range(0, 3 * block, 5):
+        for tokens in (-4, 0, 7, block, 3 * block + 1):
+            take = _chunk(position, 1000, tokens)
+            assert take > 0 and (position + take) % block == 0
+
+
+@needs_native_bfloat16
+def test_a_verify_pass_scores_every_row_as_a_one_token_step_bit_for_bit(invariant_model):
+    rng = random.Random(1)
+    for prompt_length, rows in ((5, 2), (40, 4), (37, 8), (100, 17), (64, ROW_BLOCK + 3)):
+        prompt, fed = _tokens(rng, prompt_length), _tokens(rng, rows)
+        assert torch.equal(_verify(invariant_model, prompt, fed), _steps(invariant_model, prompt, fed))
+
+
+@needs_native_bfloat16
+def test_rows_do_not_depend_on_the_rest_of_the_pass(invariant_model):
+    """Eight sessions' verify rows and decode steps, with a long prompt chunk alongside (over
+    ROW_BLOCK rows in all), give each session's rows exactly its logits alone."""
+    rng = random.Random(2)
+    prompts = [_tokens(rng, rng.randrange(3, 90)) for _ in range(8)]
+    fed = [_tokens(rng, rng.choice((1, 1, 3, 5))) for _ in prompts]
+    alone = [_verify(invariant_model, p, f) for p, f in zip(prompts, fed)]
+    caches = [SequenceCache(invariant_model) for _ in prompts]
+    for cache, prompt in zip(caches, prompts):
+        forward(invariant_model, [Feed(cache, prompt)])
+    other = SequenceCache(invariant_model)
+    feeds = [Feed(c, f, keep_all=True) for c, f in zip(caches, fed)] + [Feed(other, _tokens(rng, 3 * PREFILL_BLOCK))]
+    together = forward(invariant_model, feeds)
+    assert sum(len(f) for f in fed) + 3 * PREFILL_BLOCK > ROW_BLOCK
+    for expected, got in zip(alone, together):
+        assert torch.equal(got, expected)
+
+
+@needs_native_bfloat16
+def test_a_prompt_fed_in_block_chunks_leaves_the_cache_and_logits_of_a_whole_prompt(invariant_model):
+    rng = random.Random(3)
+    prompt = _tokens(rng, 5 * PREFILL_BLOCK + 7)
+    tokens = _tokens(rng, 3)
+    whole = SequenceCache(invariant_model)
+    forward(invariant_model, [Feed(whole, prompt)])
+    chunked = SequenceCache(invariant_model)
+    position = 0
+    for budget in (PREFILL_BLOCK + 3, 0, 2 * PREFILL_BLOCK, 1000):  # as the worker cuts under load
+        take = _chunk(position, len(prompt) - position, budget)
+        forward(invariant_model, [Feed(chunked, prompt[position:position + take])])
+        position += take
+    assert position == len(prompt)
+    for layer in range(invariant_model.config.num_hidden_layers):
+        for kept, fed in zip(whole.layer(layer), chunked.layer(layer)):
+            assert torch.equal(kept, fed)
+    assert torch.equal(forward(invariant_model, [Feed(whole, tokens, keep_all=True)])[0],
+                       forward(invariant_model, [Feed(chunked, tokens, keep_all=True)])[0])
+
+
+@needs_native_bfloat16
+def test_without_row_by_row_attention_a_verify_pass_rounds_differently(model, invariant_model):
+    """The control: the same model with one attention call per session (what a pass that is not
+    batch-invariant runs) scores some verify rows differently from one-token steps, so the tests
+    above would see a pass that is not invariant."""
+    rng = random.Random(4)
+    differing = 0
+    try:
+        setattr(model, "_specdec_batch_invariant", False)
+        assert not batch_invariant(model)
+        for _ in range(6):
+            prompt, fed = _tokens(rng, rng.randrange(20, 120)), _tokens(rng, 8)
+            differing += int((_verify(model, prompt, fed) != _steps(model, prompt, fed)).any(dim=-1).sum())
+    finally:
+        mark_batch_invariant(model)
+    assert differing > 0
