@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="a target directory or 'default'")
     parser.add_argument("--role", default="target", choices=["target", "draft"])
+    parser.add_argument("--dtype", default="auto", help="as a model service's --dtype (default auto)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
     parser.add_argument("--rows", default="1,2,3,4,5,6,8", help="tokens per pass, comma-separated")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    model = load_model(ModelConfig(args.model, args.role, packed_rows=())).model
+    model = load_model(ModelConfig(args.model, args.role, dtype=args.dtype, packed_rows=())).model
     packings = {}  # column -> the packed forwards, installed for that column's passes only
     if onednn_available("cpu", model.dtype):
         packings[ONEDNN] = pack_linears(model, ANY_ROWS)

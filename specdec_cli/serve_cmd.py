@@ -88,9 +88,8 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--device", default=default_of(ModelConfig, "device"), help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=default_of(ModelConfig, "dtype"),
                         choices=["auto", "float32", "float16", "bfloat16", "float64"],
-                        help="auto: float32 on CPU, bfloat16 on CUDA. bfloat16 on a CPU with native "
-                             "bfloat16 instructions batches much faster, but greedy output may then "
-                             "differ from the target alone at near-ties")
+                        help="auto: bfloat16 on CUDA and on a CPU with native bfloat16 (AVX512-BF16, "
+                             "AMX), whose passes are then batch-invariant; float32 on other CPUs")
     parser.add_argument("--packed-rows", type=packed_rows_flag, default="auto",
                         metavar=f"auto|off|{ANY_ROWS}|N,N",
                         help="pack the linear layers' weights once for the CPU's matrix product: "

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_prints_both_implementations_per_pass_size(tiny_pair, tmp_path):
     out = tmp_path / "verify_cost.md"
     command = [sys.executable, str(ROOT / "benchmarks" / "verify_cost.py"), "--model",
-               str(tiny_pair.target_dir), "--threads", "1", "--context", "20", "--rows", "1,2,3,4,5",
+               str(tiny_pair.target_dir), "--threads", "1", "--dtype", "float32", "--context", "20", "--rows", "1,2,3,4,5",
                "--repeats", "3", "--packed-rows", "8", "--out", str(out)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
