@@ -171,11 +171,12 @@ class TargetClient(ReplicaClient):
         super().__init__(address, channel, timeouts, target_pb2_grpc.TargetServiceStub(channel))
 
     async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
-                      resume: bool = False) -> Reply[int | None]:
-        """Feeds C; the value is the first new token (None when resume rebuilds a committed C)."""
+                      resume: bool = False, prompt_length: int = 0) -> Reply[int | None]:
+        """Feeds C; the value is the first new token (None when resume rebuilds a committed C, whose
+        first prompt_length tokens are the request's prompt)."""
         request = target_pb2.TargetPrefillRequest(
             session_id=session_id, token_ids=list(token_ids),
-            sampling=convert.sampling_to_proto(sampling), resume=resume,
+            sampling=convert.sampling_to_proto(sampling), resume=resume, prompt_length=prompt_length,
         )
         response, wall = await self._call(self._stub.Prefill, request, self.timeouts.prefill_seconds)
         first = response.next_token_id if response.HasField("next_token_id") else None

@@ -140,7 +140,8 @@ class SessionReplicas:
             tried.add(replica.address)
             self._holders[("target", replica.address)] = replica
             try:
-                reply = await replica.client.prefill(self.session_id, committed, self.sampling, resume)
+                reply = await replica.client.prefill(self.session_id, committed, self.sampling, resume,
+                                                     self.stats.prompt_tokens if resume else 0)
             except (InvalidInput, OutOfRange) as error:
                 raise InvalidInput(f"the target refused the prompt: {error}") from error
             except ReplicaError as error:

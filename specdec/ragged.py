@@ -41,6 +41,9 @@ class Feed:
     cache: SequenceCache
     token_ids: list[int]
     keep_all: bool = False
+    # Attend row by row even if not every row is scored: tokens that were first fed as one-token
+    # steps or verify rows, fed again (a re-prefill after a lost replica).
+    one_by_one: bool = False
 
     @property
     def rows_kept(self) -> int:
@@ -149,7 +152,7 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
         token_ids.extend(feed.token_ids)
         positions.extend(range(cached, cached + new))
         keep.extend(range(start, start + new) if feed.keep_all else (start + new - 1,))
-        calls = attention_calls(cached, new, feed.keep_all) if invariant else ()
+        calls = attention_calls(cached, new, feed.keep_all or feed.one_by_one) if invariant else ()
         spans.append(Span(feed.cache, start, start + new, _causal_mask(cached, new, device), calls))
     output = model(
         input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),

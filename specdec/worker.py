@@ -427,4 +427,5 @@ def _rest(entry: _Entry, take: int) -> Feed:
     feed = entry.feed
     if entry.fed == 0 and take == len(feed.token_ids):
         return feed
-    return Feed(feed.cache, feed.token_ids[entry.fed:entry.fed + take], keep_all=feed.keep_all)
+    return Feed(feed.cache, feed.token_ids[entry.fed:entry.fed + take], keep_all=feed.keep_all,
+                one_by_one=feed.one_by_one)

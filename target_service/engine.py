@@ -46,13 +46,18 @@ class TargetEngine:
         self.max_num_speculative_tokens = max_num_speculative_tokens
 
     def prefill(
-        self, token_ids: list[int], sampling: SamplingParams, resume: bool
+        self, token_ids: list[int], sampling: SamplingParams, resume: bool, prompt_length: int = 0
     ) -> Job[tuple[TargetSessionState, int | None]]:
-        """Feeds the prompt and samples C's first new token (or rebuilds a committed C)."""
+        """Feeds the prompt and samples C's first new token (or rebuilds a committed C: its first
+        prompt_length tokens fed as a prompt was, the rest one by one, as the rounds fed them)."""
         cache = SequenceCache(self.loaded.model)
         if resume:
-            if len(token_ids) >= 2:
-                yield Feed(cache, token_ids[:-1])
+            fed = token_ids[:-1]
+            prompt = prompt_length if 0 < prompt_length <= len(fed) else len(fed)
+            if prompt:
+                yield Feed(cache, fed[:prompt])
+            if prompt < len(fed):
+                yield Feed(cache, fed[prompt:], one_by_one=True)
             return TargetSessionState(cache, token_ids[-1], sampling), None
         logits = yield Feed(cache, token_ids)  # (1, V): the last row
         position = len(token_ids)

@@ -18,12 +18,13 @@ class TargetService(SessionService[TargetSessionState]):
         self._tokenizer_files = tokenizer_files(loaded.tokenizer)
 
     async def prefill(
-        self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool
+        self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool,
+        prompt_length: int = 0,
     ) -> tuple[Handle, int | None, Timing]:
         self.check_prompt(token_ids)
 
         def build() -> Job[tuple[TargetSessionState, int, int | None]]:
-            state, first = yield from self.engine.prefill(token_ids, sampling, resume)
+            state, first = yield from self.engine.prefill(token_ids, sampling, resume, prompt_length)
             return state, state.committed_length, first
 
         return await self.new_session(session_id, token_ids, build)

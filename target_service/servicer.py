@@ -20,6 +20,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             list(request.token_ids),
             convert.sampling_from_proto(request.sampling),
             request.resume,
+            request.prompt_length,
         )
         return target_pb2.TargetPrefillResponse(
             handle=convert.handle_to_proto(handle),

@@ -152,3 +152,28 @@ def test_without_row_by_row_attention_a_verify_pass_rounds_differently(model, in
     finally:
         mark_batch_invariant(model)
     assert differing > 0
+
+
+@needs_native_bfloat16
+def test_a_re_prefill_fed_one_by_one_rebuilds_the_cache_of_the_rounds_bit_for_bit(invariant_model):
+    """What a resumed session gets (target_service.engine: the prompt as a prompt, the decoded
+    tokens one by one): exactly the keys and values its prompt and rounds left, so the output
+    after a lost replica is the uninterrupted one's."""
+    rng = random.Random(5)
+    prompt = _tokens(rng, 2 * PREFILL_BLOCK + 5)
+    decoded = _tokens(rng, 3 * PREFILL_BLOCK + 2)
+    rounds = SequenceCache(invariant_model)
+    forward(invariant_model, [Feed(rounds, prompt)])
+    position = 0
+    for size in (1, 4, 1, 3, len(decoded)):  # one-token steps and verify rounds
+        forward(invariant_model, [Feed(rounds, decoded[position:position + size], keep_all=True)])
+        position += size
+    resumed = SequenceCache(invariant_model)
+    forward(invariant_model, [Feed(resumed, prompt)])
+    forward(invariant_model, [Feed(resumed, decoded[:40], one_by_one=True),
+                              Feed(SequenceCache(invariant_model), _tokens(rng, 20))])  # in a shared pass
+    forward(invariant_model, [Feed(resumed, decoded[40:], one_by_one=True)])
+    assert resumed.token_ids == rounds.token_ids
+    for layer in range(invariant_model.config.num_hidden_layers):
+        for kept, rebuilt in zip(rounds.layer(layer), resumed.layer(layer)):
+            assert torch.equal(kept, rebuilt)
