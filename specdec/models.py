@@ -54,8 +54,9 @@ class ModelConfig:
     dtype: str = "auto"  # auto: bfloat16 on CUDA and on a CPU with native bfloat16, else float32
     max_context: int = 0  # 0: the model's max_position_embeddings
     # How to pack the linear layers' weights (specdec/packed_linear.py): row counts for MKL's
-    # packing, ANY_ROWS for oneDNN's, (): off; None, auto: where packing can run (a CPU, float32),
-    # the faster of the two on this machine, measured at load.
+    # packing, ANY_ROWS for oneDNN's, (): off; None, auto: where packing can run (a CPU; float32,
+    # or bfloat16 with native bfloat16, oneDNN's only), the faster of the two on this machine,
+    # measured at load.
     packed_rows: Packing | None = None
 
     def __post_init__(self) -> None:

@@ -178,8 +178,9 @@ def _linear_forward(module: nn.Linear, packing: Packing) -> LinearForward:
 
 def pack_linears(model: nn.Module, rows: Sequence[int] | str) -> dict[nn.Linear, LinearForward]:
     """Gives every float32 or bfloat16 nn.Linear of `model` a packed forward: MKL's for these row
-    counts, or oneDNN's for any (rows == ANY_ROWS); returns them by layer (install_packed puts them back after
-    unpack_linears). Call after the weights are final (loaded, on their device, in their dtype)."""
+    counts, or oneDNN's for any (rows == ANY_ROWS); returns them by layer (install_packed puts
+    them back after unpack_linears). Call after the weights are final (loaded, on their device,
+    in their dtype)."""
     packing = rows if rows == ANY_ROWS else check_row_counts(rows)
     forwards = {module: _linear_forward(module, packing) for module in _packable_linears(model)}
     install_packed(forwards)

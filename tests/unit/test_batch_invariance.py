@@ -15,7 +15,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.packed_linear import ANY_ROWS, ROW_BLOCK, native_bfloat16, onednn_available, pack_linears
-from specdec.ragged import PREFILL_BLOCK, Feed, attention_calls, batch_invariant, forward, mark_batch_invariant
+from specdec.ragged import (
+    PREFILL_BLOCK,
+    Feed,
+    attention_calls,
+    batch_invariant,
+    forward,
+    mark_batch_invariant,
+)
 from specdec.worker import _chunk
 
 needs_native_bfloat16 = pytest.mark.skipif(
@@ -108,7 +115,8 @@ def test_rows_do_not_depend_on_the_rest_of_the_pass(invariant_model):
     for cache, prompt in zip(caches, prompts):
         forward(invariant_model, [Feed(cache, prompt)])
     other = SequenceCache(invariant_model)
-    feeds = [Feed(c, f, keep_all=True) for c, f in zip(caches, fed)] + [Feed(other, _tokens(rng, 3 * PREFILL_BLOCK))]
+    feeds = [Feed(c, f, keep_all=True) for c, f in zip(caches, fed)]
+    feeds.append(Feed(other, _tokens(rng, 3 * PREFILL_BLOCK)))
     together = forward(invariant_model, feeds)
     assert sum(len(f) for f in fed) + 3 * PREFILL_BLOCK > ROW_BLOCK
     for expected, got in zip(alone, together):
