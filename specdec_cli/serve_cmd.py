@@ -95,10 +95,11 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="pack the linear layers' weights once for the CPU's matrix product: "
                              f"{ANY_ROWS}: oneDNN's layout, one copy of the weights that serves a pass "
                              "of any row count; N,N: MKL's, a copy per row count, a pass of 4 rows or "
-                             "more padded to the next. Multi-row passes (verify rounds, batched "
-                             "sessions) run much faster. auto: on a CPU in float32, whichever of "
-                             f"{ANY_ROWS} and {packing_text(DEFAULT_PACKED_ROWS)} multiplies "
-                             "faster on this machine, measured at load; else off")
+                             "more padded to the next (float32 only). Multi-row passes (verify "
+                             "rounds, batched sessions) run much faster. auto: on a CPU in float32, "
+                             f"whichever of {ANY_ROWS} and {packing_text(DEFAULT_PACKED_ROWS)} "
+                             "multiplies faster on this machine, measured at load; in bfloat16 on a "
+                             f"CPU with native bfloat16, {ANY_ROWS}; else off")
     parser.add_argument("--replica-id", default=None, help="this replica's name (default host:port)")
     parser.add_argument("--max-sessions", type=int, default=default_of(SessionBudget, "max_sessions"),
                         help="session budget")
