@@ -10,7 +10,7 @@ itself is wrong), ReplicaError (anything else the replica said).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -164,11 +164,22 @@ def _proposal_reply(response: draft_pb2.ProposeResponse, wall_seconds: float) ->
     return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall_seconds, response))
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """What one message of a Decode brings: the session's handle after its tokens, and on the
+    last message the call's timing."""
+
+    handle: Handle
+    token_ids: tuple[int, ...]
+    timing: CallTiming | None = None
+
+
 class TargetClient(ReplicaClient):
     role = "target"
 
     def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
         super().__init__(address, channel, timeouts, target_pb2_grpc.TargetServiceStub(channel))
+        self.decodes = True  # False once the replica answered Decode with UNIMPLEMENTED
 
     async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
                       resume: bool = False, prompt_length: int = 0) -> Reply[int | None]:
@@ -192,6 +203,35 @@ class TargetClient(ReplicaClient):
         outcome = VerifyOutcome(response.num_accepted, response.next_token_id,
                                 tuple(response.acceptance_signal))
         return Reply(convert.handle_from_proto(response.handle), outcome, _timing(wall, response))
+
+    async def decode(self, handle: Handle, max_tokens: int) -> AsyncIterator[DecodeStep]:
+        """Plain decoding of up to max_tokens tokens in one call (fewer after an end-of-sequence
+        token or at the max context), each step as it comes; the last step has the call's timing.
+        Closing the iterator early cancels the call. A target without Decode gets one Verify
+        without drafts."""
+        if self.decodes:
+            request = target_pb2.DecodeRequest(handle=convert.handle_to_proto(handle), max_tokens=max_tokens)
+            started = time.perf_counter()
+            call = self._stub.Decode(request, timeout=self.timeouts.step_seconds * max_tokens)
+            try:
+                while True:
+                    try:
+                        response = await call.read()
+                    except grpc.aio.AioRpcError as error:
+                        if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                            raise domain_error(self.address, error) from error
+                        self.decodes = False
+                        break
+                    if response is grpc.aio.EOF:
+                        raise ReplicaError(self.address, "the Decode stream ended without its last message")
+                    timing = _timing(time.perf_counter() - started, response) if response.last else None
+                    yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing)
+                    if response.last:
+                        return
+            finally:
+                call.cancel()  # nothing is cancelled once the stream has ended
+        verified = await self.verify(handle, Proposal(token_ids=()))
+        yield DecodeStep(verified.handle, (verified.value.next_token_id,), verified.timing)
 
     async def tokenizer_files(self) -> tuple[list[tuple[str, bytes]], str]:
         response, _ = await self._call(self._stub.GetTokenizer, target_pb2.GetTokenizerRequest(),

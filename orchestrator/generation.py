@@ -35,6 +35,7 @@ from orchestrator.text import Decoder, TextStream
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.lookup import NO_LOOKUP
 from specdec.protocol import (
+    MAX_DECODE_STEPS,
     CallTiming,
     DraftedAhead,
     Proposal,
@@ -46,6 +47,9 @@ from specdec.protocol import (
 log = logging.getLogger(__name__)
 
 NO_PROPOSAL = Proposal(token_ids=())
+# While the guard holds the system at K = 0, a Decode asks for at most this many tokens (a few
+# passes), so that a test of the guard's switches its sessions within its settling time.
+GUARDED_DECODE_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,21 @@ class Generation:
             chunk = self._commit([first])
             while chunk.finish_reason is None:
                 yield chunk
-                chunk = self._commit(await self._round())
+                if self._speculating():
+                    chunk = self._commit(await self._round())
+                    continue
+                decoded: Chunk | None = None
+                decoding = self._decode()
+                try:
+                    async for tokens in decoding:
+                        if decoded is not None:
+                            yield decoded
+                        decoded = self._commit(list(tokens))
+                        if decoded.finish_reason is not None:
+                            break
+                finally:
+                    await decoding.aclose()  # a finished request cancels the rest of the call
+                chunk = decoded if decoded is not None else self._commit([])
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
             if self.guard is not None:
@@ -158,16 +176,14 @@ class Generation:
             self.replicas.release_all()
 
     async def _round(self) -> list[int]:
-        """One guess-verify round; returns the tokens it commits (accepted drafts + next token)."""
-        system_speculates = self.guard is None or self.guard.allows_speculation()
-        if self.uses_model_draft and self.local_draft is None and system_speculates:
+        """One guess-verify round (speculation on: _speculating); returns the tokens it commits
+        (accepted drafts + next token)."""
+        if self.uses_model_draft and self.local_draft is None:
             await self.replicas.settle_draft(self.committed)  # the first token did not wait for it
         if self.uses_model_draft and not self.replicas.has_draft:
             await self.replicas.reattach_draft_if_due(self.committed)
         can_draft = self.local_draft is not None or self.replicas.has_draft
         max_num_speculative_tokens = self._max_num_speculative_tokens() if can_draft else 0
-        if not system_speculates:
-            max_num_speculative_tokens = 0
         num_speculative_tokens = self.policy.choose(max_num_speculative_tokens)
         branch = self._take_branch(num_speculative_tokens)
         plan = NO_AHEAD
@@ -213,6 +229,34 @@ class Generation:
         if ahead is not None:
             self._keep_branch(ahead, proposal, outcome, plan, len(self.committed) + len(committed))
         return committed
+
+    def _speculating(self) -> bool:
+        """Whether the next round may speculate: not when the request turned speculation off,
+        nor while the guard holds the whole system at K = 0."""
+        return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
+
+    def _decode(self) -> AsyncIterator[tuple[int, ...]]:
+        """Speculation off: the target decodes the next tokens in one streamed call, each exactly
+        a round without drafts, and keeps the session in its passes meanwhile instead of leaving
+        it out of them for a round trip after every token. Up to MAX_DECODE_STEPS tokens for a
+        request without speculation; GUARDED_DECODE_STEPS while the guard holds the system at
+        K = 0, so that its tests can switch the mode promptly. No K is chosen, so the controller
+        observes nothing; a pipelined round's branch is dropped."""
+        self._branch = None
+        remaining = self.request.max_new_tokens - self.stats.generated_tokens
+        context_left = self.limits.max_context - len(self.committed)
+        steps = MAX_DECODE_STEPS if not self.request.speculate else GUARDED_DECODE_STEPS
+        self.stats.decode_calls += 1
+        return self._counted(self.replicas.decode(self.committed, max(1, min(steps, remaining, context_left))))
+
+    async def _counted(self, steps: AsyncIterator[tuple[int, ...]]) -> AsyncIterator[tuple[int, ...]]:
+        try:
+            async for tokens in steps:
+                for _ in tokens:
+                    self.stats.add_round(0, 0, 1)
+                yield tokens
+        finally:
+            await steps.aclose()
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
         """Last round's branch for the outcome it had, if there is one and this round drafts."""

@@ -292,6 +292,7 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "pipeline_misses": stats.pipeline_misses,
         "branches_drafted": stats.branches_drafted,
         "fanout_per_round": list(stats.fanout_per_round),
+        "decode_calls": stats.decode_calls,
         "target_replica": stats.target_replica,
         "draft_replica": stats.draft_replica,
         "controller_estimates": dict(stats.controller_estimates),

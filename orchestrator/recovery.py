@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -39,6 +39,7 @@ from specdec.errors import (
     ReplicaError,
     ReplicaLost,
     SessionLost,
+    SpecdecError,
     Unavailable,
 )
 from specdec.lookup import proposal_method
@@ -54,7 +55,19 @@ from specdec.protocol import (
 
 log = logging.getLogger(__name__)
 
+
+def _target_error(error: SpecdecError) -> SpecdecError:
+    """A target call's failure as the request's error."""
+    if isinstance(error, (InvalidInput, OutOfRange)):
+        return type(error)(f"target {error}")
+    if isinstance(error, Refused):
+        return Overloaded(f"target {error}")
+    if isinstance(error, ReplicaError):
+        return Unavailable(f"target {error}")
+    return error
+
 Extra = TypeVar("Extra")
+Result = TypeVar("Result")
 
 MAX_TARGET_RECOVERIES = 8  # per round, before the request fails with UNAVAILABLE
 
@@ -281,30 +294,60 @@ class SessionReplicas:
         return None
 
     async def verify(self, committed: Sequence[int], proposal: Proposal) -> Reply[VerifyOutcome]:
+        return await self._target_call(committed, "verify",
+                                       lambda client, handle: client.verify(handle, proposal))
+
+    async def decode(self, committed: Sequence[int], max_tokens: int) -> AsyncIterator[tuple[int, ...]]:
+        """Plain decoding of up to max_tokens tokens (speculation off), each step's tokens as they
+        come. committed must be the caller's live C, which takes every step's tokens before it
+        asks for the next: a session lost mid-stream is re-prefilled from it and the rest decoded
+        there."""
+        left = max_tokens
         for _ in range(MAX_TARGET_RECOVERIES):
             placement = self.target
             assert placement is not None
             try:
-                reply = await placement.lease.client.verify(placement.handle, proposal)
+                async for step in placement.lease.client.decode(placement.handle, left):
+                    placement.handle = step.handle
+                    if step.timing is not None:
+                        self.stats.add_target_call(step.timing)
+                    left -= len(step.token_ids)
+                    yield step.token_ids
+                return
             except (SessionLost, ReplicaLost) as error:
-                log.warning("verify on %s failed (%s): re-prefilling from %d committed tokens",
-                            placement.replica.address, error, len(committed))
-                exclude: frozenset[str] = frozenset()
-                if isinstance(error, ReplicaLost):
-                    self.target_pool.mark_failed(placement.replica)
-                    exclude = frozenset({placement.replica.address})
-                await self._recover_target(committed, exclude)
+                await self._target_lost(placement, error, committed, "decode")
+            except SpecdecError as error:
+                raise _target_error(error) from error
+        raise Unavailable(f"the target session could not be recovered after {MAX_TARGET_RECOVERIES} tries")
+
+    async def _target_call(self, committed: Sequence[int], name: str,
+                           call: Callable[[TargetClient, Handle], Awaitable[Reply[Result]]]) -> Reply[Result]:
+        """call on the session's target replica; a lost session or replica is re-prefilled from C
+        (on another replica if there is one) and the call made again."""
+        for _ in range(MAX_TARGET_RECOVERIES):
+            placement = self.target
+            assert placement is not None
+            try:
+                reply = await call(placement.lease.client, placement.handle)
+            except (SessionLost, ReplicaLost) as error:
+                await self._target_lost(placement, error, committed, name)
                 continue
-            except (InvalidInput, OutOfRange) as error:
-                raise type(error)(f"target {error}") from error
-            except Refused as error:
-                raise Overloaded(f"target {error}") from error
-            except ReplicaError as error:
-                raise Unavailable(f"target {error}") from error
+            except SpecdecError as error:
+                raise _target_error(error) from error
             placement.handle = reply.handle
             self.stats.add_target_call(reply.timing)
             return reply
         raise Unavailable(f"the target session could not be recovered after {MAX_TARGET_RECOVERIES} tries")
+
+    async def _target_lost(self, placement: Placement[TargetClient], error: SpecdecError,
+                           committed: Sequence[int], name: str) -> None:
+        log.warning("%s on %s failed (%s): re-prefilling from %d committed tokens",
+                    name, placement.replica.address, error, len(committed))
+        exclude: frozenset[str] = frozenset()
+        if isinstance(error, ReplicaLost):
+            self.target_pool.mark_failed(placement.replica)
+            exclude = frozenset({placement.replica.address})
+        await self._recover_target(committed, exclude)
 
     async def _recover_target(self, committed: Sequence[int], exclude: frozenset[str]) -> None:
         """Re-prefills C on another replica if there is one, else on any that answers."""

@@ -139,4 +139,5 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         pipeline_misses=stats.pipeline_misses,
         branches_drafted=stats.branches_drafted,
         fanout_per_round=stats.fanout_per_round,
+        decode_calls=stats.decode_calls,
     )

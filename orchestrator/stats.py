@@ -48,6 +48,7 @@ class GenerationStats:
     pipeline_misses: int = 0
     branches_drafted: int = 0
     fanout_per_round: list[int] = field(default_factory=list)
+    decode_calls: int = 0  # target calls that decoded several K = 0 rounds at once
     observer: StatsObserver | None = field(default=None, repr=False, compare=False)
 
     def add_draft_call(self, timing: CallTiming) -> None:

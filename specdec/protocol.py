@@ -17,6 +17,7 @@ from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange
 
 PROTOCOL_VERSION = "specdec.v1"
 MAX_DRAFT_TOP_M = 64  # largest q~ a draft may send (entries)
+MAX_DECODE_STEPS = 64  # most tokens one Decode call may decode
 MIN_TEMPERATURE = 1e-6  # below this (and above 0) logits / temperature can overflow to NaN
 
 Value = TypeVar("Value")

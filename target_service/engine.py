@@ -8,6 +8,7 @@ Verify, whose logits at C[-1] score the first draft token.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from specdec.errors import InvalidInput, OutOfRange
 from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
 from specdec.ragged import Feed, Job
-from specdec.protocol import MAX_DRAFT_TOP_M, Proposal, SparseDistribution, check_token_ids
+from specdec.protocol import MAX_DECODE_STEPS, MAX_DRAFT_TOP_M, Proposal, SparseDistribution, check_token_ids
 from specdec.sampling import (
     SamplingParams,
     VerifyOutcome,
@@ -27,6 +28,9 @@ from specdec.sampling import (
     verify_greedy,
     verify_sampled_one,
 )
+
+
+_NO_DRAFTS = Proposal(token_ids=())
 
 
 @dataclass
@@ -94,6 +98,27 @@ class TargetEngine:
         state.cache.truncate(committed + outcome.num_accepted)
         state.last_token_id = outcome.next_token_id
         return outcome
+
+    def decode(self, state: TargetSessionState, max_tokens: int,
+               emit: Callable[[int], None] = lambda token: None,
+               stopped: Callable[[], bool] = lambda: False) -> Job[list[int]]:
+        """Plain decoding: up to max_tokens Verify rounds without drafts, one pass each, so every
+        token is exactly the one those rounds would return; emit(token) after each. Stops after an
+        end-of-sequence token of the model's, at the max context, or once stopped() (checked
+        before each step)."""
+        if not 1 <= max_tokens <= MAX_DECODE_STEPS:
+            raise InvalidInput(f"max_tokens must be in [1, {MAX_DECODE_STEPS}], got {max_tokens}")
+        if state.committed_length >= self.loaded.max_context:
+            raise OutOfRange(f"decoding at length {state.committed_length} exceeds the max context "
+                             f"{self.loaded.max_context}")
+        tokens: list[int] = []
+        while len(tokens) < max_tokens and state.committed_length < self.loaded.max_context and not stopped():
+            outcome = yield from self.verify(state, _NO_DRAFTS)
+            tokens.append(outcome.next_token_id)
+            emit(outcome.next_token_id)
+            if outcome.next_token_id in self.loaded.eos_token_ids:
+                break
+        return tokens
 
     def _dense_drafts(self, proposal: Proposal) -> torch.Tensor:
         """(K, V) float64: each q~ as the draft sampled from it."""

@@ -1,6 +1,8 @@
-"""The target service's operations on sessions (no protobuf): Prefill and Verify."""
+"""The target service's operations on sessions (no protobuf): Prefill, Verify and Decode."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from specdec.models import LoadedModel, tokenizer_files
 from specdec.ragged import Job
@@ -36,6 +38,16 @@ class TargetService(SessionService[TargetSessionState]):
         def apply(state: TargetSessionState) -> Job[tuple[int, VerifyOutcome]]:
             outcome = yield from self.engine.verify(state, proposal)
             return state.committed_length, outcome
+
+        return await self.call(handle, apply)
+
+    async def decode(self, handle: Handle, max_tokens: int, emit: Callable[[int], None],
+                     stopped: Callable[[], bool]) -> tuple[Handle, list[int], Timing]:
+        """TargetEngine.decode as one call; emit(token) runs on the model thread after each step.
+        A repeat of the last applied handle gets its tokens in the result, with no emit."""
+        def apply(state: TargetSessionState) -> Job[tuple[int, list[int]]]:
+            tokens = yield from self.engine.decode(state, max_tokens, emit, stopped)
+            return state.committed_length, tokens
 
         return await self.call(handle, apply)
 

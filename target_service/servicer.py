@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from dataclasses import replace
+
 import grpc
 
 from specdec.rpc import convert
@@ -43,6 +47,32 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             acceptance_signal=list(outcome.acceptance_signal),
             **convert.timing_fields(timing),
         )
+
+    async def Decode(self, request: target_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
+        """Streams each token as its pass ends; the last message carries the call's timing."""
+        loop = asyncio.get_running_loop()
+        steps: asyncio.Queue[int] = asyncio.Queue()
+        stop = threading.Event()
+        start = convert.handle_from_proto(request.handle)
+        decoding = asyncio.ensure_future(self.service.decode(
+            start, request.max_tokens, lambda token: loop.call_soon_threadsafe(steps.put_nowait, token),
+            stop.is_set))
+        sent = 0
+        try:
+            while True:
+                step = asyncio.ensure_future(steps.get())
+                await asyncio.wait((step, decoding), return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    break
+                sent += 1
+                yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(
+                    replace(start, committed_length=start.committed_length + sent)), token_ids=[step.result()])
+            handle, tokens, timing = await decoding
+            yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(handle), token_ids=tokens[sent:],
+                                            last=True, **convert.timing_fields(timing))
+        finally:
+            stop.set()  # the caller went away: the job stops before its next step
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         return common_pb2.ReleaseResponse(released=await self.service.release(request.session_id))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x92\x01\n\x14TargetPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0e\n\x06resume\x18\x04 \x01(\x08\x12\x15\n\rprompt_length\x18\x05 \x01(\r\"\xca\x01\n\x15TargetPrefillResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x1a\n\rnext_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x04 \x01(\x01\x12\x11\n\tpass_rows\x18\x05 \x01(\x01\x12\x15\n\rpass_sessions\x18\x06 \x01(\x01\x42\x10\n\x0e_next_token_id\"\x90\x01\n\rVerifyRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\"\xdd\x01\n\x0eVerifyResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x14\n\x0cnum_accepted\x18\x02 \x01(\x05\x12\x15\n\rnext_token_id\x18\x03 \x01(\x05\x12\x19\n\x11\x61\x63\x63\x65ptance_signal\x18\x04 \x03(\x02\x12\x17\n\x0f\x63ompute_seconds\x18\x05 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x06 \x01(\x01\x12\x11\n\tpass_rows\x18\x07 \x01(\x01\x12\x15\n\rpass_sessions\x18\x08 \x01(\x01\"\x15\n\x13GetTokenizerRequest\".\n\rTokenizerFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"X\n\x14GetTokenizerResponse\x12(\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x19.specdec.v1.TokenizerFile\x12\x16\n\x0etokenizer_hash\x18\x02 \x01(\t2\xf2\x02\n\rTargetService\x12N\n\x07Prefill\x12 .specdec.v1.TargetPrefillRequest\x1a!.specdec.v1.TargetPrefillResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.InfoResponse\x12Q\n\x0cGetTokenizer\x12\x1f.specdec.v1.GetTokenizerRequest\x1a .specdec.v1.GetTokenizerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x92\x01\n\x14TargetPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0e\n\x06resume\x18\x04 \x01(\x08\x12\x15\n\rprompt_length\x18\x05 \x01(\r\"\xca\x01\n\x15TargetPrefillResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x1a\n\rnext_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x04 \x01(\x01\x12\x11\n\tpass_rows\x18\x05 \x01(\x01\x12\x15\n\rpass_sessions\x18\x06 \x01(\x01\x42\x10\n\x0e_next_token_id\"\x90\x01\n\rVerifyRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\"\xdd\x01\n\x0eVerifyResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x14\n\x0cnum_accepted\x18\x02 \x01(\x05\x12\x15\n\rnext_token_id\x18\x03 \x01(\x05\x12\x19\n\x11\x61\x63\x63\x65ptance_signal\x18\x04 \x03(\x02\x12\x17\n\x0f\x63ompute_seconds\x18\x05 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x06 \x01(\x01\x12\x11\n\tpass_rows\x18\x07 \x01(\x01\x12\x15\n\rpass_sessions\x18\x08 \x01(\x01\"N\n\rDecodeRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\"\xb6\x01\n\x0e\x44\x65\x63odeResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x04 \x01(\x01\x12\x11\n\tpass_rows\x18\x05 \x01(\x01\x12\x15\n\rpass_sessions\x18\x06 \x01(\x01\x12\x0c\n\x04last\x18\x07 \x01(\x08\"\x15\n\x13GetTokenizerRequest\".\n\rTokenizerFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"X\n\x14GetTokenizerResponse\x12(\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x19.specdec.v1.TokenizerFile\x12\x16\n\x0etokenizer_hash\x18\x02 \x01(\t2\xb5\x03\n\rTargetService\x12N\n\x07Prefill\x12 .specdec.v1.TargetPrefillRequest\x1a!.specdec.v1.TargetPrefillResponse\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x19.specdec.v1.DecodeRequest\x1a\x1a.specdec.v1.DecodeResponse0\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.InfoResponse\x12Q\n\x0cGetTokenizer\x12\x1f.specdec.v1.GetTokenizerRequest\x1a .specdec.v1.GetTokenizerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,12 +40,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST']._serialized_end=563
   _globals['_VERIFYRESPONSE']._serialized_start=566
   _globals['_VERIFYRESPONSE']._serialized_end=787
-  _globals['_GETTOKENIZERREQUEST']._serialized_start=789
-  _globals['_GETTOKENIZERREQUEST']._serialized_end=810
-  _globals['_TOKENIZERFILE']._serialized_start=812
-  _globals['_TOKENIZERFILE']._serialized_end=858
-  _globals['_GETTOKENIZERRESPONSE']._serialized_start=860
-  _globals['_GETTOKENIZERRESPONSE']._serialized_end=948
-  _globals['_TARGETSERVICE']._serialized_start=951
-  _globals['_TARGETSERVICE']._serialized_end=1321
+  _globals['_DECODEREQUEST']._serialized_start=789
+  _globals['_DECODEREQUEST']._serialized_end=867
+  _globals['_DECODERESPONSE']._serialized_start=870
+  _globals['_DECODERESPONSE']._serialized_end=1052
+  _globals['_GETTOKENIZERREQUEST']._serialized_start=1054
+  _globals['_GETTOKENIZERREQUEST']._serialized_end=1075
+  _globals['_TOKENIZERFILE']._serialized_start=1077
+  _globals['_TOKENIZERFILE']._serialized_end=1123
+  _globals['_GETTOKENIZERRESPONSE']._serialized_start=1125
+  _globals['_GETTOKENIZERRESPONSE']._serialized_end=1213
+  _globals['_TARGETSERVICE']._serialized_start=1216
+  _globals['_TARGETSERVICE']._serialized_end=1653
 # @@protoc_insertion_point(module_scope)

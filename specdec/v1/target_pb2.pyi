@@ -67,6 +67,32 @@ class VerifyResponse(_message.Message):
     pass_sessions: float
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., acceptance_signal: _Optional[_Iterable[float]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...
 
+class DecodeRequest(_message.Message):
+    __slots__ = ("handle", "max_tokens")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    max_tokens: int
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class DecodeResponse(_message.Message):
+    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    handle: _common_pb2.SessionHandle
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    compute_seconds: float
+    queue_seconds: float
+    pass_rows: float
+    pass_sessions: float
+    last: bool
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ...) -> None: ...
+
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

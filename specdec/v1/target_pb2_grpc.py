@@ -47,6 +47,11 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.Decode = channel.unary_stream(
+                '/specdec.v1.TargetService/Decode',
+                request_serializer=specdec_dot_v1_dot_target__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_target__pb2.DecodeResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -85,6 +90,18 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Decode(self, request, context):
+        """Plain decoding of up to max_tokens tokens in one call, streamed as they come: each token is
+        exactly what a Verify with no drafts would return, step after step, and the session stays in
+        the model's passes between the steps instead of waiting for the caller's next call. Stops
+        early after one of the model's end-of-sequence tokens, at the max context, or when the
+        caller cancels (then the session has decoded the tokens it sent, and maybe one more: its
+        next call's handle is stale, and the caller re-prefills or releases it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -116,6 +133,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.SerializeToString,
+            ),
+            'Decode': grpc.unary_stream_rpc_method_handler(
+                    servicer.Decode,
+                    request_deserializer=specdec_dot_v1_dot_target__pb2.DecodeRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_target__pb2.DecodeResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -189,6 +211,33 @@ class TargetService:
             '/specdec.v1.TargetService/Verify',
             specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
             specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/specdec.v1.TargetService/Decode',
+            specdec_dot_v1_dot_target__pb2.DecodeRequest.SerializeToString,
+            specdec_dot_v1_dot_target__pb2.DecodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

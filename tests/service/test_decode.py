@@ -1,0 +1,176 @@
+"""Decode: several plain rounds in one target call. Each token must be exactly what a Verify without
+drafts would have returned at that step (greedy and seeded sampling), a retried call must get the
+same answer, and the orchestrator's speculation-off requests, which use it, must still give the
+target's own output."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import grpc
+import pytest
+import torch
+
+from orchestrator.clients import DecodeStep, RpcTimeouts, TargetClient, open_channel
+from specdec.errors import InvalidInput
+from specdec.models import ModelConfig, load_model
+from specdec.protocol import Proposal, SamplingParams
+from specdec.ragged import run_alone
+from specdec.v1 import orchestrator_pb2 as pb
+from target_service.engine import TargetEngine
+
+from tests import stack as stack_module
+
+PROMPT = [18, 29, 13, 10, 26, 13, 25, 5]  # no end of sequence in its first 12 tokens, greedy or sampled
+SAMPLINGS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "sampled": SamplingParams(temperature=0.9, top_p=0.95, seed=11),
+}
+
+
+async def _decode(client: TargetClient, handle, steps: int) -> list[DecodeStep]:
+    return [step async for step in client.decode(handle, steps)]
+
+
+def _tokens(steps: list[DecodeStep]) -> list[int]:
+    return [token for step in steps for token in step.token_ids]
+
+
+async def _with_client(address: str, work):
+    channel = open_channel(address, None, 64 * 2**20)
+    try:
+        return await work(TargetClient(address, channel, RpcTimeouts()))
+    finally:
+        await channel.close()
+
+
+@pytest.mark.parametrize("mode", sorted(SAMPLINGS))
+def test_decode_returns_the_tokens_of_as_many_plain_verifies(loop_thread, stack, mode):
+    sampling = SAMPLINGS[mode]
+
+    async def work(client: TargetClient):
+        decoded = await client.prefill(f"decode-{mode}", PROMPT, sampling)
+        stepped = await client.prefill(f"verify-{mode}", PROMPT, sampling)
+        assert decoded.value == stepped.value
+        handle, by_verify = stepped.handle, []
+        for _ in range(10):
+            reply = await client.verify(handle, Proposal(token_ids=()))
+            handle = reply.handle
+            by_verify.append(reply.value.next_token_id)
+        first = await _decode(client, decoded.handle, 6)
+        second = await _decode(client, first[-1].handle, 4)
+        again = await _decode(client, first[-1].handle, 4)  # a retry of the last call: the same answer
+        return by_verify, first, second, again, handle
+
+    by_verify, first, second, again, handle = loop_thread.run(_with_client(stack.target_address, work))
+    assert len(_tokens(first)) == 6 and len(_tokens(second)) == 4
+    assert _tokens(first) + _tokens(second) == by_verify
+    # Streamed: a message per step, each with the handle after it; the timing on the last.
+    assert [len(step.token_ids) for step in first] == [1] * 6 + [0]
+    assert [step.handle.committed_length for step in first] == [len(PROMPT) + 1 + i for i in (1, 2, 3, 4, 5, 6, 6)]
+    assert all(step.timing is None for step in first[:-1])
+    assert first[-1].timing.compute_seconds > 0 and first[-1].timing.pass_rows >= 1
+    assert _tokens(again) == _tokens(second) and again[-1].handle == second[-1].handle
+    assert second[-1].handle.committed_length == handle.committed_length == len(PROMPT) + 1 + 10
+
+
+def test_a_cancelled_decode_stops_and_its_handle_tells_how_far_it_went(loop_thread, stack):
+    async def work(client: TargetClient):
+        prefilled = await client.prefill("decode-cancel", PROMPT, SAMPLINGS["greedy"])
+        steps = client.decode(prefilled.handle, 64)
+        first = await anext(steps)
+        await steps.aclose()  # cancels the call
+        await asyncio.sleep(0.5)
+        session = stack.target.store.get("decode-cancel")
+        return first, session.committed_length
+
+    first, length = loop_thread.run(_with_client(stack.target_address, work))
+    assert first.token_ids and first.handle.committed_length == len(PROMPT) + 2
+    # It stopped within a step or two of the cancel, far short of the 64 asked for.
+    assert first.handle.committed_length <= length <= first.handle.committed_length + 2
+
+
+def test_decode_refuses_a_step_count_out_of_range(loop_thread, stack):
+    async def work(client: TargetClient):
+        prefilled = await client.prefill("decode-range", PROMPT, SAMPLINGS["greedy"])
+        errors = []
+        for steps in (0, 65):
+            with pytest.raises(InvalidInput) as caught:
+                await _decode(client, prefilled.handle, steps)
+            errors.append(str(caught.value))
+        return errors
+
+    for message in loop_thread.run(_with_client(stack.target_address, work)):
+        assert "max_tokens must be in [1, 64]" in message
+
+
+def test_decode_stops_after_an_end_of_sequence_token(tiny_pair):
+    loaded = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
+    greedy = SamplingParams(temperature=0.0)
+
+    def decode(engine: TargetEngine, steps: int) -> list[int]:
+        state, _ = run_alone(loaded.model, engine.prefill(PROMPT, greedy, resume=False))
+        return run_alone(loaded.model, engine.decode(state, steps))
+
+    free = decode(TargetEngine(dataclasses.replace(loaded, eos_token_ids=()), 8), 8)
+    # The first decoded token that occurs only once, made the model's end of sequence.
+    stop_at = next(i for i, token in enumerate(free) if free.count(token) == 1)
+    ending = dataclasses.replace(loaded, eos_token_ids=(free[stop_at],))
+    assert decode(TargetEngine(ending, 8), 8) == free[:stop_at + 1]
+    near_the_end = dataclasses.replace(loaded, eos_token_ids=(), max_context=len(PROMPT) + 4)
+    assert decode(TargetEngine(near_the_end, 8), 8) == free[:3]  # C reaches the max context
+
+
+def _reference(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return output[0, len(prompt):].tolist()
+
+
+def _off_request(max_new_tokens: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=max_new_tokens,
+                              speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF))
+
+
+def test_speculation_off_decodes_several_tokens_per_target_call(stack, reference_target):
+    tokens, _, last = stack_module.generate(stack.address, _off_request(11))
+    assert tokens == _reference(reference_target, PROMPT, 11)
+    # The prefill gives the first token; the other ten come streamed from one call.
+    assert last.stats.decode_calls == 1
+    assert last.stats.rounds == 10 and list(last.stats.num_speculative_tokens_per_round) == [0] * 10
+
+
+class RefuseDecode(grpc.aio.ServerInterceptor):
+    """A target that predates Decode: the method is unimplemented."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    async def intercept_service(self, continuation, details):
+        if not details.method.endswith("/Decode"):
+            return await continuation(details)
+
+        async def unimplemented(request, context):
+            self.refused += 1
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+
+        return grpc.unary_unary_rpc_method_handler(unimplemented)
+
+
+def test_a_target_without_decode_gets_plain_verifies(loop_thread, tiny_pair, reference_target):
+    refuse = RefuseDecode()
+
+    async def start():
+        return await stack_module.start_stack(tiny_pair.target_dir, tiny_pair.draft_dir,
+                                              interceptors=(refuse,))
+
+    running = loop_thread.run(start())
+    try:
+        tokens, _, last = stack_module.generate(running.address, _off_request(9))
+        assert tokens == _reference(reference_target, PROMPT, 9)
+        assert refuse.refused == 1  # asked once; the client then remembers
+        assert last.stats.rounds == 8
+    finally:
+        loop_thread.run(running.stop())
