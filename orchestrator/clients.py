@@ -9,6 +9,7 @@ itself is wrong), ReplicaError (anything else the replica said).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -216,7 +217,11 @@ class TargetClient(ReplicaClient):
             try:
                 while True:
                     try:
-                        response = await call.read()
+                        # The step deadline holds for each token: a stalled replica is a lost one.
+                        response = await asyncio.wait_for(call.read(), self.timeouts.step_seconds)
+                    except asyncio.TimeoutError as error:
+                        raise ReplicaLost(self.address, f"DEADLINE_EXCEEDED: no Decode step within "
+                                                        f"{self.timeouts.step_seconds:g} s") from error
                     except grpc.aio.AioRpcError as error:
                         if error.code() != grpc.StatusCode.UNIMPLEMENTED:
                             raise domain_error(self.address, error) from error

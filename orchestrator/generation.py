@@ -47,8 +47,8 @@ from specdec.protocol import (
 log = logging.getLogger(__name__)
 
 NO_PROPOSAL = Proposal(token_ids=())
-# While the guard holds the system at K = 0, a Decode asks for at most this many tokens (a few
-# passes), so that a test of the guard's switches its sessions within its settling time.
+# While the guard holds the system at K = 0, a request's first Decode asks for this many tokens;
+# later ones for as many as its pace fits before the guard's next test.
 GUARDED_DECODE_STEPS = 8
 
 
@@ -122,6 +122,7 @@ class Generation:
         self.guard = guard  # whether speculation pays the system at all (adaptive requests only)
         self.pipeline = pipeline if pipeline is not None else NoPipeline()  # drafting ahead
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
+        self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
         self.committed: list[int] = list(request.prompt_token_ids)
         self.text = TextStream(tokenizer, request.stop)
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids), observer=observer)
@@ -245,18 +246,30 @@ class Generation:
         self._branch = None
         remaining = self.request.max_new_tokens - self.stats.generated_tokens
         context_left = self.limits.max_context - len(self.committed)
-        steps = MAX_DECODE_STEPS if not self.request.speculate else GUARDED_DECODE_STEPS
+        steps = MAX_DECODE_STEPS if not self.request.speculate else self._guarded_steps()
         self.stats.decode_calls += 1
         return self._counted(self.replicas.decode(self.committed, max(1, min(steps, remaining, context_left))))
 
+    def _guarded_steps(self) -> int:
+        """Tokens to decode while the guard holds K = 0: as many as fit before its answer may
+        change (at the pace of this request's last Decode), so that its next test finds the
+        session between calls; GUARDED_DECODE_STEPS before any pace is known."""
+        if self.guard is None or self._decode_token_seconds is None:
+            return GUARDED_DECODE_STEPS
+        return max(1, min(MAX_DECODE_STEPS, int(self.guard.seconds_until_change() / self._decode_token_seconds)))
+
     async def _counted(self, steps: AsyncIterator[tuple[int, ...]]) -> AsyncIterator[tuple[int, ...]]:
+        started, decoded = time.perf_counter(), 0
         try:
             async for tokens in steps:
+                decoded += len(tokens)
                 for _ in tokens:
                     self.stats.add_round(0, 0, 1)
                 yield tokens
         finally:
             await steps.aclose()
+        if decoded:
+            self._decode_token_seconds = (time.perf_counter() - started) / decoded
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
         """Last round's branch for the outcome it had, if there is one and this round drafts."""

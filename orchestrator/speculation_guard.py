@@ -141,6 +141,25 @@ class SpeculationGuard:
             return True
         return self.speculating
 
+    def seconds_until_change(self) -> float:
+        """How long allows_speculation() keeps its answer if the load stays as it is: until the
+        next test switches to its other window, that window ends, or (with fewer than
+        min_sessions) the load counts as gone. inf when nothing is due."""
+        now = self._clock()
+        self._advance(now)
+        config = self.config
+        if self._windows is not None:
+            switch = self._windows[1].start - config.settle_seconds
+            return max(0.0, (switch if now < switch else self._windows[1].end) - now)
+        if self._active < config.min_sessions:
+            if self._load_gone(now) or self._low_since is None:
+                return float("inf")
+            return max(0.0, self._low_since + config.window_seconds - now)
+        if self._next_test is None:
+            return float("inf")
+        # The test's first window runs the kept mode; the other starts a window and a settling later.
+        return max(0.0, self._next_test + config.settle_seconds + config.window_seconds - now)
+
     def _load_gone(self, now: float) -> bool:
         """Fewer than min_sessions for longer than a window (not a closed-loop client's gap
         between one request and its next)."""

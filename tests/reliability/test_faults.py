@@ -32,6 +32,7 @@ MAX_QUEUE = 64  # forward passes a service queues; Info's load is the queued sha
 STREAM_SECONDS = 900  # a stream's deadline: only a hang comes near it
 PROMPT = [7, 3, 19, 22, 5, 14, 30, 11]
 FIXED_K3 = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=3)
+OFF = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_OFF)
 FIXED_K3_PIPELINED = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=3,
                                           pipeline=pb.PIPELINE_MODE_ON)
 
@@ -150,13 +151,14 @@ def test_idle_sessions_expire_after_the_ttl(cluster):
 
 
 # A killed replica is restarted before the next test (4-6 s), so only the stall is in the quick set.
-@pytest.mark.parametrize("fault", ["stall", "stall-pipelined", pytest.param("kill", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fault", ["stall", "stall-pipelined", "stall-off", pytest.param("kill", marks=pytest.mark.slow)])
 def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster, reference_target, fault):
-    """Pipelined: the draft is drafting ahead while the stalled Verify waits for its deadline."""
+    """Pipelined: the draft is drafting ahead while the stalled Verify waits for its deadline.
+    Off: the target stalls inside a Decode stream, whose step deadline holds for each token."""
     settled(cluster)
     max_new_tokens = 120
     expected = reference(reference_target, PROMPT, max_new_tokens)
-    speculation = FIXED_K3_PIPELINED if fault == "stall-pipelined" else FIXED_K3
+    speculation = {"stall-pipelined": FIXED_K3_PIPELINED, "stall-off": OFF}.get(fault, FIXED_K3)
     stream = Stream(cluster, max_new_tokens, speculation).read(8)
     lost, other = holder(cluster)
     stall = fault.startswith("stall")
@@ -173,6 +175,8 @@ def test_target_lost_mid_stream_the_stream_moves_and_output_is_unchanged(cluster
     assert stats.re_prefills >= 1, stats
     if fault == "stall-pipelined":
         assert stats.pipelined_rounds > 0 and stats.pipeline_hits > 0, stats
+    if fault == "stall-off":
+        assert stats.decode_calls >= 2 and stats.drafted_tokens == 0, stats  # one before the stall, one after
     assert stats.target_replica == other.replica_id, stats
     survived(f"target {'stalled (SIGSTOP)' if stall else 'killed (kill -9)'} mid-stream")
     if fault == "kill":

@@ -174,3 +174,27 @@ def test_a_gap_between_requests_does_not_abort_a_test():
         clock.now += 0.05
         guard.enter()
     assert not guard.speculating
+
+
+def test_seconds_until_change_bounds_how_long_the_answer_holds():
+    """While the load stays, allows_speculation() keeps its answer for at least what
+    seconds_until_change() said (a guarded session decodes that long without missing a switch),
+    and every change comes when a bound ran out, not unannounced."""
+    clock = Clock()
+    guard = SpeculationGuard(clock=clock)
+    guard.enter()
+    guard.enter()
+    step = 0.01
+    samples = []  # (time, answer, seconds until change)
+    while clock.now < 60:
+        samples.append((clock.now, guard.allows_speculation(), guard.seconds_until_change()))
+        guard.record(3 if samples[-1][1] else 1)  # speculating commits more: it wins its tests
+        clock.now += step
+    changes = [i for i in range(1, len(samples)) if samples[i][1] != samples[i - 1][1]]
+    assert len(changes) >= 2  # the first test switched to speculating, and the decision kept it
+    for time_, answer, until in samples:
+        assert until >= 0
+        assert all(a == answer for t, a, _ in samples if time_ <= t < time_ + until - step / 2)
+    for index in changes:
+        assert samples[index - 1][2] <= 1.5 * step  # announced: the bound had run out
+    assert any(until == float("inf") for _, _, until in samples) is False  # under load a test is always due
