@@ -87,8 +87,9 @@ def test_a_cancelled_decode_stops_and_its_handle_tells_how_far_it_went(loop_thre
 
     first, length = loop_thread.run(_with_client(stack.target_address, work))
     assert first.token_ids and first.handle.committed_length == len(PROMPT) + 2
-    # It stopped within a step or two of the cancel, far short of the 64 asked for.
-    assert first.handle.committed_length <= length <= first.handle.committed_length + 2
+    # It stopped soon after the cancel (how many steps ran meanwhile depends on the machine),
+    # short of the 64 asked for, which take this model a fraction of the half second waited.
+    assert first.handle.committed_length <= length < len(PROMPT) + 1 + 64
 
 
 def test_decode_refuses_a_step_count_out_of_range(loop_thread, stack):
