@@ -240,9 +240,9 @@ class Generation:
         """Speculation off: the target decodes the next tokens in one streamed call, each exactly
         a round without drafts, and keeps the session in its passes meanwhile instead of leaving
         it out of them for a round trip after every token. Up to MAX_DECODE_STEPS tokens for a
-        request without speculation; GUARDED_DECODE_STEPS while the guard holds the system at
-        K = 0, so that its tests can switch the mode promptly. No K is chosen, so the controller
-        observes nothing; a pipelined round's branch is dropped."""
+        request without speculation; while the guard holds the system at K = 0, _guarded_steps.
+        No K is chosen, so the controller observes nothing; a pipelined round's branch is
+        dropped."""
         self._branch = None
         remaining = self.request.max_new_tokens - self.stats.generated_tokens
         context_left = self.limits.max_context - len(self.committed)

@@ -312,7 +312,8 @@ class SessionReplicas:
                     if step.timing is not None:
                         self.stats.add_target_call(step.timing)
                     left -= len(step.token_ids)
-                    yield step.token_ids
+                    if step.token_ids:  # the last message brings only the timing, normally
+                        yield step.token_ids
                 return
             except (SessionLost, ReplicaLost) as error:
                 await self._target_lost(placement, error, committed, "decode")

@@ -18,6 +18,7 @@ from specdec.models import ModelConfig, load_model
 from specdec.protocol import Proposal, SamplingParams
 from specdec.ragged import run_alone
 from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 from target_service.engine import TargetEngine
 
 from tests import stack as stack_module
@@ -141,6 +142,18 @@ def test_speculation_off_decodes_several_tokens_per_target_call(stack, reference
     # The prefill gives the first token; the other ten come streamed from one call.
     assert last.stats.decode_calls == 1
     assert last.stats.rounds == 10 and list(last.stats.num_speculative_tokens_per_round) == [0] * 10
+
+
+def test_a_long_answer_streams_every_token_from_consecutive_decodes(stack, reference_target):
+    """More than one Decode's worth: each message brings tokens (a call's closing message, which
+    carries only its timing, is not passed on as an empty chunk)."""
+    request = _off_request(70)
+    with grpc.insecure_channel(stack.address) as channel:
+        responses = list(orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(request, timeout=120))
+    tokens = [token for response in responses for token in response.token_ids]
+    assert tokens == _reference(reference_target, PROMPT, 70)
+    assert len(tokens) == 70 and responses[-1].stats.decode_calls == 2  # 64, then the last 5
+    assert all(response.token_ids for response in responses)
 
 
 class RefuseDecode(grpc.aio.ServerInterceptor):
