@@ -29,11 +29,15 @@ rounding, which for some shapes differs with the row count, as MKL's paths do). 
 (pack_fastest) installs, per machine, the faster of the two on the model's own layer shapes at
 load.
 
-In bfloat16, oneDNN's packed product gives every row exactly the value it has in a product of that
-row alone, bit for bit, as long as the product has at most ROW_BLOCK rows (measured on every layer
-shape of SmolLM2-135M, 1 and 2 threads; above 32 rows some shapes change their blocking and rows
-move by a rounding step). So a bfloat16 packed forward multiplies in blocks of ROW_BLOCK rows: a
-row's value then never depends on what else is in the pass, which together with the row-by-row
+In bfloat16, oneDNN's packed product gives every row exactly the value it has in a product of 2 to
+ROW_BLOCK rows, bit for bit, wherever it sits in the product (measured on every layer shape of
+SmolLM2-135M, 1 and 2 threads; above 32 rows some shapes change their blocking and rows move by a
+rounding step). A product of one row is another matter: on some CPUs oneDNN's kernel takes a
+path of its own for a single row, and there the 1536-deep down projection rounds about one row in
+ten differently (seen on an AMD EPYC, Zen 4; on another of the same family the paths agreed). So a
+bfloat16 packed forward multiplies in blocks of ROW_BLOCK rows and runs a one-row block as two
+rows (the row twice; a second row costs next to nothing in a product bound by reading the
+weights): a row's value then never depends on what else is in the pass, which together with the row-by-row
 attention of verify rows (specdec.attention) makes a batched verify pass score every row exactly as
 a one-token step would (docs/architecture.md, "Batch-invariant passes").
 """
@@ -125,8 +129,8 @@ class PackedLinearForward:
 
 class OneDnnLinearForward:
     """A replacement for one nn.Linear's forward: oneDNN's product over its weights reordered once,
-    for a product of any row count; in bfloat16 in blocks of at most ROW_BLOCK rows, so that each
-    row's value is its value alone."""
+    for a product of any row count; in bfloat16 in blocks of 2 to ROW_BLOCK rows, so that each
+    row's value is the same whatever else is in the product."""
 
     def __init__(self, linear: nn.Linear) -> None:
         self.weight = linear.weight
@@ -148,6 +152,13 @@ class OneDnnLinearForward:
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.row_block is not None and rows.shape[0] == 1:
+            # A single row takes oneDNN's one-row path, which may round differently from the
+            # products of 2+ rows that the same row joins in a shared pass (module docstring).
+            return self._pointwise(rows.expand(2, -1))[:1]
+        return self._pointwise(rows)
+
+    def _pointwise(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")
 
     @property

@@ -18,6 +18,7 @@ from specdec.models import ModelConfig
 from specdec.packed_linear import (
     ANY_ROWS,
     DEFAULT_PACKED_ROWS,
+    ROW_BLOCK,
     OneDnnLinearForward,
     PackedLinearForward,
     calibration_order,
@@ -179,6 +180,25 @@ def test_onednn_rows_do_not_depend_on_the_others():
             among = forward(torch.cat((torch.randn(others, 96, generator=generator), row)))
             torch.testing.assert_close(among[-1:], alone, rtol=1e-6, atol=1e-6)
 
+
+
+@pytest.mark.skipif(not (native_bfloat16() and onednn_available("cpu", torch.bfloat16)),
+                    reason="bit-for-bit rows need a CPU with native bfloat16 and a torch built with oneDNN")
+@pytest.mark.parametrize("in_features, out_features", [(576, 576), (576, 192), (576, 1536), (1536, 576)])
+def test_bfloat16_rows_are_bit_for_bit_their_value_alone_at_every_row_count(in_features, out_features):
+    """SmolLM2-135M's layer shapes in bfloat16: every row of a product of 1 to 2 * ROW_BLOCK + 1
+    rows is exactly its product alone. oneDNN's one-row path rounds the 1536-deep product
+    differently on some CPUs, so a lone row must run as a product of two."""
+    torch.manual_seed(6)
+    linear = nn.Linear(in_features, out_features, bias=False).to(torch.bfloat16).eval()
+    forward = OneDnnLinearForward(linear)
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(2 * ROW_BLOCK + 1, in_features, generator=generator).to(torch.bfloat16)
+    with torch.inference_mode():
+        alone = torch.cat([forward(x[i:i + 1]) for i in range(x.shape[0])])
+        for rows in (2, 3, 5, 8, 17, ROW_BLOCK, ROW_BLOCK + 1, 2 * ROW_BLOCK + 1):
+            for start in {0, 3, x.shape[0] - rows}:
+                assert torch.equal(forward(x[start:start + rows]), alone[start:start + rows]), (rows, start)
 
 
 @pytest.mark.skipif(len(packings_available("cpu", torch.float32)) < 2,
