@@ -16,11 +16,13 @@ sessions at K = 0, so speculation that does not pay costs only the test's window
 holds at least doubles the time to the next test (up to a ceiling), and more when the test showed
 the other choice to lose a lot: the time in the losing mode is then kept to a small share of the
 time between tests. One that flips resets it; a test whose windows saw different loads is
-discarded. When the load goes and comes back, the schedule of tests goes on from the last decision
-rather than testing at once. With fewer than two sessions (for longer than a window: not the gap
-between a client's requests) the guard stays out of the way: a lone session's own K = 0 probes
-already measure the truth. Nothing here is a setting a user tunes: the windows, the margin and the
-share only decide how quickly and how surely a measured difference is acted on, and at what cost.
+discarded. The time between tests is time under load: while fewer than two sessions run, the
+schedule's clock stands still, so a load that comes and goes (bursts of requests with quiet in
+between) resumes the schedule where it stopped instead of paying a test at every burst. With
+fewer than two sessions (for longer than a window: not the gap between a client's requests) the
+guard stays out of the way: a lone session's own K = 0 probes already measure the truth. Nothing
+here is a setting a user tunes: the windows, the margin and the share only decide how quickly and
+how surely a measured difference is acted on, and at what cost.
 
 The guard sees one orchestrator's sessions; replicas of the orchestrator test on their own.
 """
@@ -105,10 +107,12 @@ class SpeculationGuard:
         self.last_decision: GuardDecision | None = None
         self._active = 0
         self._interval = config.first_test_seconds
-        self._next_test: float | None = None
+        # The schedule runs on a clock of seconds under load (min_sessions or more), not wall time.
+        self._loaded_seconds = 0.0  # under load until _loaded_since
+        self._loaded_since: float | None = None  # wall time the current stretch of load began
+        self._next_test: float | None = None  # on the loaded clock
         self._windows: tuple[_Window, _Window] | None = None  # (kept mode, the other mode)
         self._low_since: float | None = float("-inf")  # since when fewer than min_sessions have run
-        self._decided_at: float | None = None  # when the last test ended with a decision
 
     @property
     def active_sessions(self) -> int:
@@ -157,8 +161,16 @@ class SpeculationGuard:
             return max(0.0, self._low_since + config.window_seconds - now)
         if self._next_test is None:
             return float("inf")
-        # The test's first window runs the kept mode; the other starts a window and a settling later.
-        return max(0.0, self._next_test + config.settle_seconds + config.window_seconds - now)
+        # Under load the loaded clock runs with the wall clock. The test's first window runs the
+        # kept mode; the other starts a window and a settling later.
+        due_in = self._next_test - self._loaded_clock(now)
+        return max(0.0, due_in + config.settle_seconds + config.window_seconds)
+
+    def _loaded_clock(self, now: float) -> float:
+        """Seconds spent with min_sessions or more sessions running, up to now."""
+        if self._loaded_since is None:
+            return self._loaded_seconds
+        return self._loaded_seconds + (now - self._loaded_since)
 
     def _load_gone(self, now: float) -> bool:
         """Fewer than min_sessions for longer than a window (not a closed-loop client's gap
@@ -170,17 +182,21 @@ class SpeculationGuard:
         if self._windows is not None and now >= self._windows[1].end:
             self._decide(now)
         if self._active < config.min_sessions:
+            if self._loaded_since is not None:  # the loaded clock stops
+                self._loaded_seconds += now - self._loaded_since
+                self._loaded_since = None
             if self._low_since is None:
                 self._low_since = now
-            if self._load_gone(now) and (self._windows is not None or self._next_test is not None):
-                self._windows, self._next_test = None, None  # the load went: test again once it is back
+            if self._load_gone(now) and self._windows is not None:
+                self._windows, self._next_test = None, None  # the load went mid-test: test again once it is back
             return
         self._low_since = None
-        if self._next_test is None:  # load appeared: test soon, or when the last decision is due
-            self._next_test = now + config.first_test_seconds
-            if self._decided_at is not None:
-                self._next_test = max(self._next_test, self._decided_at + self._interval)
-        if self._windows is None and now >= self._next_test:
+        if self._loaded_since is None:
+            self._loaded_since = now
+        loaded = self._loaded_clock(now)
+        if self._next_test is None:  # the first load, or one back after a test it broke off: test soon
+            self._next_test = loaded + config.first_test_seconds
+        if self._windows is None and loaded >= self._next_test:
             first = now + config.settle_seconds
             second = first + config.window_seconds + config.settle_seconds
             self._windows = (_Window(first, first + config.window_seconds),
@@ -191,8 +207,9 @@ class SpeculationGuard:
         kept, other = self._windows
         self._windows = None
         loads = (kept.mean_sessions, other.mean_sessions)
+        loaded = self._loaded_clock(now)
         if min(loads) < config.min_sessions or abs(loads[0] - loads[1]) > config.max_load_change * max(loads):
-            self._next_test = now + config.window_seconds  # different loads: not comparable, soon again
+            self._next_test = loaded + config.window_seconds  # different loads: not comparable, soon again
             return
         speculating_rate, off_rate = (kept.rate, other.rate) if self.speculating else (other.rate, kept.rate)
         if other.rate > kept.rate * (1.0 + config.margin):
@@ -205,8 +222,7 @@ class SpeculationGuard:
             self._interval = min(max(2.0 * self._interval, cost / config.test_cost_share),
                                  config.max_interval_seconds)
         self.last_decision = GuardDecision(speculating_rate, off_rate, self.speculating)
-        self._decided_at = now
-        self._next_test = now + self._interval
+        self._next_test = loaded + self._interval
         log.info("speculation guard: %.1f tokens/s speculating, %.1f at K = 0 (%.1f sessions): %s; "
                  "next test in %.0f s", speculating_rate, off_rate, sum(loads) / 2,
                  "speculating" if self.speculating else "K = 0", self._interval)

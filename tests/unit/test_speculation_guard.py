@@ -198,3 +198,30 @@ def test_seconds_until_change_bounds_how_long_the_answer_holds():
     for index in changes:
         assert samples[index - 1][2] <= 1.5 * step  # announced: the bound had run out
     assert any(until == float("inf") for _, _, until in samples) is False  # under load a test is always due
+
+
+def test_bursts_of_load_do_not_each_pay_a_test():
+    """The time between tests counts only time under load: bursts of 15 s with a minute of quiet
+    in between resume the schedule where it stopped. On the wall clock every burst would come
+    after the next test was due, and each would pay a test's losing window."""
+    config = GuardConfig()
+    clock = Clock()
+    guard = SpeculationGuard(config, clock=clock)
+    decisions, last = 0, None
+    for _ in range(10):
+        for _ in range(8):
+            guard.enter()
+        for _ in range(30):
+            _simulate(guard, clock, 8, 0.5, rate_speculating=4.0, rate_off=12.0)
+            if guard.last_decision is not last:
+                decisions, last = decisions + 1, guard.last_decision
+        for _ in range(8):
+            guard.leave()
+        _simulate(guard, clock, 0, 60.0, rate_speculating=4.0, rate_off=12.0)  # quiet
+    assert not guard.speculating
+    # 150 s under load: the first test at once, then one after the loss's share of the time
+    # (2 / 3 of a window and a settling at 2.5 %: 64 s), then the ceiling (96 s) is past the end.
+    loss = 1.0 - 4.0 / 12.0
+    first_gap = loss * (config.window_seconds + config.settle_seconds) / config.test_cost_share
+    expected = 1 + int((150.0 - config.first_test_seconds) // first_gap)
+    assert 1 <= decisions <= expected, decisions
