@@ -34,10 +34,14 @@ ROW_BLOCK rows, bit for bit, wherever it sits in the product (measured on every 
 SmolLM2-135M, 1 and 2 threads; above 32 rows some shapes change their blocking and rows move by a
 rounding step). A product of one row is another matter: on some CPUs oneDNN's kernel takes a
 path of its own for a single row, and there the 1536-deep down projection rounds about one row in
-ten differently (seen on an AMD EPYC, Zen 4; on another of the same family the paths agreed). So a
-bfloat16 packed forward multiplies in blocks of ROW_BLOCK rows and runs a one-row block as two
-rows (the row twice; a second row costs next to nothing in a product bound by reading the
-weights): a row's value then never depends on what else is in the pass, which together with the row-by-row
+ten differently (seen on an AMD EPYC, Zen 4; on another of the same family the paths agreed). So
+each bfloat16 layer checks at packing time whether its one-row products equal the same rows'
+values in a larger product (LONE_ROW_PROBE rows of a fixed random input); where they do not, it
+runs a lone row as two (the row twice). Not always: where the paths agree, the one-row path is
+the faster one for some shapes (the model's 49,152-wide head), and doubling every one-token step's
+rows cost 12 % of a step on that Zen 4 with two threads. A bfloat16 packed forward thus multiplies
+in blocks of ROW_BLOCK rows, a lone row as its layer's check says: a row's value then never
+depends on what else is in the pass, which together with the row-by-row
 attention of verify rows (specdec.attention) makes a batched verify pass score every row exactly as
 a one-token step would (docs/architecture.md, "Batch-invariant passes").
 """
@@ -62,6 +66,8 @@ ANY_ROWS = "any"  # oneDNN's packing: one copy that serves every row count
 # The most rows a bfloat16 packed product takes at once: up to here every row's value is its
 # value alone (see the module's docstring); longer products run in blocks of this many rows.
 ROW_BLOCK = 32
+# Rows of the fixed random input with which a bfloat16 layer checks its one-row path (a few ms).
+LONE_ROW_PROBE = 64
 
 
 def native_bfloat16() -> bool:
@@ -129,14 +135,17 @@ class PackedLinearForward:
 
 class OneDnnLinearForward:
     """A replacement for one nn.Linear's forward: oneDNN's product over its weights reordered once,
-    for a product of any row count; in bfloat16 in blocks of 2 to ROW_BLOCK rows, so that each
-    row's value is the same whatever else is in the product."""
+    for a product of any row count; in bfloat16 in blocks of at most ROW_BLOCK rows, and a lone
+    row as two where its one-row path rounds otherwise, so that each row's value is the same
+    whatever else is in the product."""
 
     def __init__(self, linear: nn.Linear) -> None:
         self.weight = linear.weight
         self.bias = linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), None)
         self.row_block = ROW_BLOCK if linear.weight.dtype == torch.bfloat16 else None
+        # Whether a lone row runs as two: where this layer's one-row path rounds otherwise.
+        self.pad_lone_row = self.row_block is not None and not self._lone_rows_agree()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         features = x.shape[-1]
@@ -152,11 +161,21 @@ class OneDnnLinearForward:
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.row_block is not None and rows.shape[0] == 1:
-            # A single row takes oneDNN's one-row path, which may round differently from the
-            # products of 2+ rows that the same row joins in a shared pass (module docstring).
+        if self.pad_lone_row and rows.shape[0] == 1:
             return self._pointwise(rows.expand(2, -1))[:1]
         return self._pointwise(rows)
+
+    def _lone_rows_agree(self) -> bool:
+        """Whether each row of a fixed random input gets the same bits from oneDNN's one-row
+        product as from products of ROW_BLOCK rows (module docstring)."""
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randn(LONE_ROW_PROBE, self.weight.shape[1], generator=generator)
+        probe = probe.to(dtype=self.weight.dtype, device=self.weight.device)  # (LONE_ROW_PROBE, in_features)
+        with torch.inference_mode():
+            blocks = torch.cat([self._pointwise(probe[start:start + ROW_BLOCK])
+                                for start in range(0, LONE_ROW_PROBE, ROW_BLOCK)])
+            return all(torch.equal(self._pointwise(probe[row:row + 1]), blocks[row:row + 1])
+                       for row in range(LONE_ROW_PROBE))
 
     def _pointwise(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")

@@ -188,7 +188,7 @@ def test_onednn_rows_do_not_depend_on_the_others():
 def test_bfloat16_rows_are_bit_for_bit_their_value_alone_at_every_row_count(in_features, out_features):
     """SmolLM2-135M's layer shapes in bfloat16: every row of a product of 1 to 2 * ROW_BLOCK + 1
     rows is exactly its product alone. oneDNN's one-row path rounds the 1536-deep product
-    differently on some CPUs, so a lone row must run as a product of two."""
+    differently on some CPUs: there its layer must find that out and run a lone row as two."""
     torch.manual_seed(6)
     linear = nn.Linear(in_features, out_features, bias=False).to(torch.bfloat16).eval()
     forward = OneDnnLinearForward(linear)
