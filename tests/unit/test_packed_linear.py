@@ -201,6 +201,28 @@ def test_bfloat16_rows_are_bit_for_bit_their_value_alone_at_every_row_count(in_f
                 assert torch.equal(forward(x[start:start + rows]), alone[start:start + rows]), (rows, start)
 
 
+class _LoneRowRoundsOtherwise(OneDnnLinearForward):
+    """oneDNN's product, except that a one-row product comes out a rounding step off, as the
+    one-row path of some CPUs does for some shapes."""
+
+    def _pointwise(self, rows: torch.Tensor) -> torch.Tensor:
+        out = super()._pointwise(rows)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if rows.shape[0] == 1 else out
+
+
+@pytest.mark.skipif(not onednn_available("cpu", torch.bfloat16), reason="needs oneDNN's bfloat16 products")
+def test_a_layer_whose_one_row_path_rounds_otherwise_runs_a_lone_row_as_two():
+    torch.manual_seed(8)
+    linear = nn.Linear(64, 48, bias=True).to(torch.bfloat16).eval()
+    forward = _LoneRowRoundsOtherwise(linear)
+    assert forward.pad_lone_row
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(forward(x[2:3]), forward(x)[2:3])
+        assert not torch.equal(forward._pointwise(x[2:3]), forward(x)[2:3])  # the path it avoids
+    assert not OneDnnLinearForward(nn.Linear(64, 48).eval()).pad_lone_row  # float32: no row blocks
+
+
 @pytest.mark.skipif(len(packings_available("cpu", torch.float32)) < 2,
                     reason="auto chooses only where both MKL and oneDNN are built in")
 def test_auto_installs_the_faster_packing_and_only_it():
