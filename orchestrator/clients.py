@@ -213,7 +213,9 @@ class TargetClient(ReplicaClient):
         if self.decodes:
             request = target_pb2.DecodeRequest(handle=convert.handle_to_proto(handle), max_tokens=max_tokens)
             started = time.perf_counter()
-            call = self._stub.Decode(request, timeout=self.timeouts.step_seconds * max_tokens)
+            # A step's deadline per token asked for, and one at least: with a deadline of 0 a call
+            # for no tokens would race its own INVALID_ARGUMENT and could come back as lost.
+            call = self._stub.Decode(request, timeout=self.timeouts.step_seconds * max(1, max_tokens))
             try:
                 while True:
                     try:
