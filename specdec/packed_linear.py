@@ -37,7 +37,8 @@ path of its own for a single row, and there the 1536-deep down projection rounds
 ten differently (seen on an AMD EPYC, Zen 4; on another of the same family the paths agreed). So
 each bfloat16 layer checks at packing time whether its one-row products equal the same rows'
 values in a larger product (LONE_ROW_PROBE rows of a fixed random input); where they do not, it
-runs a lone row as two (the row twice). Not always: where the paths agree, the one-row path is
+runs a lone row as two (the row twice), and so do the other layers of its shape
+(share_lone_row_checks: they run the same kernels, and pooled their probes miss nothing). Not always: where the paths agree, the one-row path is
 the faster one for some shapes (the model's 49,152-wide head), and doubling every one-token step's
 rows cost 12 % of a step on that Zen 4 with two threads. A bfloat16 packed forward thus multiplies
 in blocks of ROW_BLOCK rows, a lone row as its layer's check says: a row's value then never
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -144,7 +145,10 @@ class OneDnnLinearForward:
         self.bias = linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous(), None)
         self.row_block = ROW_BLOCK if linear.weight.dtype == torch.bfloat16 else None
-        # Whether a lone row runs as two: where this layer's one-row path rounds otherwise.
+        # (in_features, out_features, bias, dtype): what decides the kernels oneDNN runs
+        self.shape = (*reversed(linear.weight.shape), linear.bias is not None, linear.weight.dtype)
+        # Whether a lone row runs as two: where this layer's one-row path rounds otherwise (and
+        # where another layer of its shape found so: share_lone_row_checks).
         self.pad_lone_row = self.row_block is not None and not self._lone_rows_agree()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,8 +217,20 @@ def pack_linears(model: nn.Module, rows: Sequence[int] | str) -> dict[nn.Linear,
     in their dtype)."""
     packing = rows if rows == ANY_ROWS else check_row_counts(rows)
     forwards = {module: _linear_forward(module, packing) for module in _packable_linears(model)}
+    share_lone_row_checks(forwards.values())
     install_packed(forwards)
     return forwards
+
+
+def share_lone_row_checks(forwards: Iterable[LinearForward]) -> None:
+    """Layers of one shape run the same kernels, so where any of them found that its one-row
+    path rounds otherwise, all of them run a lone row as two: pooled over a model's 30 layers of a
+    shape, the probes cannot miss a difference that one layer's 64 rows might."""
+    onednn = [forward for forward in forwards if isinstance(forward, OneDnnLinearForward)]
+    padded = {forward.shape for forward in onednn if forward.pad_lone_row}
+    for forward in onednn:
+        if forward.row_block is not None and forward.shape in padded:
+            forward.pad_lone_row = True
 
 
 def install_packed(forwards: dict[nn.Linear, LinearForward]) -> None:

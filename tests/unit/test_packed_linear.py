@@ -31,6 +31,7 @@ from specdec.packed_linear import (
     pack_linears,
     packing_available,
     packings_available,
+    share_lone_row_checks,
     unpack_linears,
 )
 from specdec_cli.serve_cmd import packed_rows_flag
@@ -221,6 +222,20 @@ def test_a_layer_whose_one_row_path_rounds_otherwise_runs_a_lone_row_as_two():
         assert torch.equal(forward(x[2:3]), forward(x)[2:3])
         assert not torch.equal(forward._pointwise(x[2:3]), forward(x)[2:3])  # the path it avoids
     assert not OneDnnLinearForward(nn.Linear(64, 48).eval()).pad_lone_row  # float32: no row blocks
+
+
+@pytest.mark.skipif(not onednn_available("cpu", torch.bfloat16), reason="needs oneDNN's bfloat16 products")
+def test_layers_of_one_shape_share_what_any_of_them_found():
+    """The same kernels run every layer of a shape: one layer's finding pads them all."""
+    torch.manual_seed(9)
+    found = _LoneRowRoundsOtherwise(nn.Linear(64, 48, bias=False).to(torch.bfloat16))
+    same_shape = OneDnnLinearForward(nn.Linear(64, 48, bias=False).to(torch.bfloat16))
+    other_shape = OneDnnLinearForward(nn.Linear(48, 64, bias=False).to(torch.bfloat16))
+    float32 = OneDnnLinearForward(nn.Linear(64, 48, bias=False))
+    alone = {forward: forward.pad_lone_row for forward in (same_shape, other_shape)}
+    share_lone_row_checks([found, same_shape, other_shape, float32])
+    assert found.pad_lone_row and same_shape.pad_lone_row
+    assert other_shape.pad_lone_row == alone[other_shape] and not float32.pad_lone_row
 
 
 @pytest.mark.skipif(len(packings_available("cpu", torch.float32)) < 2,
