@@ -67,7 +67,8 @@ ANY_ROWS = "any"  # oneDNN's packing: one copy that serves every row count
 # The most rows a bfloat16 packed product takes at once: up to here every row's value is its
 # value alone (see the module's docstring); longer products run in blocks of this many rows.
 ROW_BLOCK = 32
-# Rows of the fixed random input with which a bfloat16 layer checks its one-row path (a few ms).
+# Rows of the fixed random input with which a bfloat16 layer checks its one-row path (a few ms a
+# layer; 1-2 s of the default target's load on two cores).
 LONE_ROW_PROBE = 64
 
 
