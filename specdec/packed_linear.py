@@ -32,19 +32,19 @@ load.
 In bfloat16, oneDNN's packed product gives every row exactly the value it has in a product of 2 to
 ROW_BLOCK rows, bit for bit, wherever it sits in the product (measured on every layer shape of
 SmolLM2-135M, 1 and 2 threads; above 32 rows some shapes change their blocking and rows move by a
-rounding step). A product of one row is another matter: on some CPUs oneDNN's kernel takes a
-path of its own for a single row, and there the 1536-deep down projection rounds about one row in
-ten differently (seen on an AMD EPYC, Zen 4; on another of the same family the paths agreed). So
-each bfloat16 layer checks at packing time whether its one-row products equal the same rows'
-values in a larger product (LONE_ROW_PROBE rows of a fixed random input); where they do not, it
-runs a lone row as two (the row twice), and so do the other layers of its shape
-(share_lone_row_checks: they run the same kernels, and pooled their probes miss nothing). Not always: where the paths agree, the one-row path is
-the faster one for some shapes (the model's 49,152-wide head), and doubling every one-token step's
-rows cost 12 % of a step on that Zen 4 with two threads. A bfloat16 packed forward thus multiplies
-in blocks of ROW_BLOCK rows, a lone row as its layer's check says: a row's value then never
-depends on what else is in the pass, which together with the row-by-row
-attention of verify rows (specdec.attention) makes a batched verify pass score every row exactly as
-a one-token step would (docs/architecture.md, "Batch-invariant passes").
+rounding step). A product of one row is another matter: on some CPUs oneDNN's kernel takes a path
+of its own for a single row, and there the 1536-deep down projection rounds about one row in ten
+differently (seen on an AMD EPYC, Zen 4; on another of the same family the paths agreed). So each
+bfloat16 layer checks at packing time whether its one-row products equal the same rows' values in
+a larger product (LONE_ROW_PROBE rows of a fixed random input); where they do not, it runs a lone
+row as two (the row twice), and so do the other layers of its shape (share_lone_row_checks: they
+run the same kernels, and their probes pooled miss nothing). Not every layer: where the paths
+agree the one-row path is the faster one for some shapes (the model's 49,152-wide head), and
+doubling every one-token step's rows cost 12 % of a step on that Zen 4 with two threads. A
+bfloat16 packed forward thus multiplies in blocks of ROW_BLOCK rows, a lone row as its layer's
+check says: a row's value then never depends on what else is in the pass, which together with the
+row-by-row attention of verify rows (specdec.attention) makes a batched verify pass score every row
+exactly as a one-token step would (docs/architecture.md, "Batch-invariant passes").
 """
 
 from __future__ import annotations
