@@ -225,12 +225,13 @@ def pack_linears(model: nn.Module, rows: Sequence[int] | str) -> dict[nn.Linear,
 
 def share_lone_row_checks(forwards: Iterable[LinearForward]) -> None:
     """Layers of one shape run the same kernels, so where any of them found that its one-row
-    path rounds otherwise, all of them run a lone row as two: pooled over a model's 30 layers of a
-    shape, the probes cannot miss a difference that one layer's 64 rows might."""
+    path rounds otherwise, all of them run a lone row as two: pooled over a model's layers of a
+    shape (30 in the default target), the probes cannot miss a difference that one layer's 64
+    rows might. A shape includes the dtype, so only bfloat16 layers (row blocks) are padded."""
     onednn = [forward for forward in forwards if isinstance(forward, OneDnnLinearForward)]
     padded = {forward.shape for forward in onednn if forward.pad_lone_row}
     for forward in onednn:
-        if forward.row_block is not None and forward.shape in padded:
+        if forward.shape in padded:
             forward.pad_lone_row = True
 
 
