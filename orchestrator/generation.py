@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from orchestrator.clients import DraftClient, SpeculateCall, TargetClient
-from orchestrator.k_policy import KPolicy, LookupChooser, RoundObservation
+from orchestrator.k_policy import KPolicy, LookupChooser, PlainStretches, RoundObservation
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
     NO_AHEAD,
@@ -50,6 +50,9 @@ NO_PROPOSAL = Proposal(token_ids=())
 # While the guard holds the system at K = 0, a request's first Decode asks for this many tokens;
 # later ones for as many as its pace fits before the guard's next test.
 GUARDED_DECODE_STEPS = 8
+# A session whose controller stays at K = 0 decodes its next rounds in one call; with a lookup
+# draft at most this many, so that the lookup is consulted again soon.
+LOOKUP_PLAIN_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -149,11 +152,14 @@ class Generation:
             chunk = self._commit([first])
             while chunk.finish_reason is None:
                 yield chunk
+                plain_rounds = 0
                 if self._speculating():
-                    chunk = self._commit(await self._round())
-                    continue
+                    plain_rounds = self._plain_rounds()
+                    if plain_rounds == 0:
+                        chunk = self._commit(await self._round())
+                        continue
                 decoded: Chunk | None = None
-                decoding = self._decode()
+                decoding = self._decode(plain_rounds)
                 try:
                     async for tokens in decoding:
                         if decoded is not None:
@@ -236,29 +242,56 @@ class Generation:
         nor while the guard holds the whole system at K = 0."""
         return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
 
-    def _decode(self) -> AsyncIterator[tuple[int, ...]]:
-        """Speculation off: the target decodes the next tokens in one streamed call, each exactly
-        a round without drafts, and keeps the session in its passes meanwhile instead of leaving
-        it out of them for a round trip after every token. Up to MAX_DECODE_STEPS tokens for a
-        request without speculation; while the guard holds the system at K = 0, _guarded_steps.
-        No K is chosen, so the controller observes nothing; a pipelined round's branch is
-        dropped."""
+    def _plain_rounds(self) -> int:
+        """K = 0 rounds the policy commits to from here (PlainStretches: the adaptive controller
+        while its choice is K = 0), to decode in one call; 0 runs a round. A lookup draft is
+        asked first: a proposal the controller would verify gets its round, and a stretch is at
+        most LOOKUP_PLAIN_STEPS, so that it is asked again soon."""
+        if not isinstance(self.policy, PlainStretches):
+            return 0
+        rounds = self.policy.plain_rounds()
+        if rounds <= 0 or self.local_draft is None:
+            return max(0, rounds)
+        found, _ = self.local_draft.lookup(self.committed, self._max_num_speculative_tokens())
+        if found.token_ids:
+            if not isinstance(self.policy, LookupChooser) or self.policy.choose_lookup(found.match_lengths, None):
+                return 0
+        return min(rounds, LOOKUP_PLAIN_STEPS)
+
+    def _decode(self, plain_rounds: int = 0) -> AsyncIterator[tuple[int, ...]]:
+        """The target decodes the next tokens in one streamed call, each exactly a round without
+        drafts, and keeps the session in its passes meanwhile instead of leaving it out of them
+        for a round trip after every token. Up to MAX_DECODE_STEPS tokens for a request without
+        speculation; plain_rounds when the controller chose them (it then observes them); while
+        the guard holds the system at K = 0, _guarded_steps (no K is chosen, so the controller
+        observes nothing). Under a guard both stop where its answer may change. A pipelined
+        round's branch is dropped."""
         self._branch = None
         remaining = self.request.max_new_tokens - self.stats.generated_tokens
         context_left = self.limits.max_context - len(self.committed)
-        steps = MAX_DECODE_STEPS if not self.request.speculate else self._guarded_steps()
+        if not self.request.speculate:
+            steps = MAX_DECODE_STEPS
+        elif plain_rounds > 0:
+            steps = min(plain_rounds, self._guarded_steps()) if self.guard is not None else plain_rounds
+        else:
+            steps = self._guarded_steps()
         self.stats.decode_calls += 1
-        return self._counted(self.replicas.decode(self.committed, max(1, min(steps, remaining, context_left))))
+        steps = max(1, min(steps, MAX_DECODE_STEPS, remaining, context_left))
+        return self._counted(self.replicas.decode(self.committed, steps), observed=plain_rounds > 0)
 
     def _guarded_steps(self) -> int:
-        """Tokens to decode while the guard holds K = 0: as many as fit before its answer may
-        change (at the pace of this request's last Decode), so that its next test finds the
-        session between calls; GUARDED_DECODE_STEPS before any pace is known."""
+        """Tokens to decode under the guard: as many as fit before its answer may change (at the
+        pace of this request's last Decode), so that its next test finds the session between
+        calls; GUARDED_DECODE_STEPS before any pace is known."""
         if self.guard is None or self._decode_token_seconds is None:
             return GUARDED_DECODE_STEPS
-        return max(1, min(MAX_DECODE_STEPS, int(self.guard.seconds_until_change() / self._decode_token_seconds)))
+        fit = self.guard.seconds_until_change() / self._decode_token_seconds  # inf: nothing due
+        return max(1, int(min(MAX_DECODE_STEPS, fit)))
 
-    async def _counted(self, steps: AsyncIterator[tuple[int, ...]]) -> AsyncIterator[tuple[int, ...]]:
+    async def _counted(self, steps: AsyncIterator[tuple[int, ...]], observed: bool
+                       ) -> AsyncIterator[tuple[int, ...]]:
+        """The Decode's tokens, each a K = 0 round in the stats; its pace per token after it,
+        told to the policy when the policy chose these rounds (observed)."""
         started, decoded = time.perf_counter(), 0
         try:
             async for tokens in steps:
@@ -268,8 +301,10 @@ class Generation:
                 yield tokens
         finally:
             await steps.aclose()
-        if decoded:
-            self._decode_token_seconds = (time.perf_counter() - started) / decoded
+            if decoded:
+                self._decode_token_seconds = (time.perf_counter() - started) / decoded
+                if observed and isinstance(self.policy, PlainStretches):
+                    self.policy.observe_plain(decoded, self._decode_token_seconds)
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
         """Last round's branch for the outcome it had, if there is one and this round drafts."""

@@ -158,13 +158,19 @@ class RoundCosts:
     others_rows: int = 0  # R_others: rows the other sessions put in the verify pass
     others_sessions: float = 0.0  # n - 1: the other sessions in the verify pass
     others_tokens_per_second: float = 0.0  # r: what each of them commits per second
+    # K = 0 rounds decoded in one streamed call (a Decode: no round trip between tokens, and no
+    # draft pass between target passes): their measured time per token over that of the K = 0
+    # round above (T_pass(R_others + 1) + RTT_target). None: K = 0 rounds are Verify rounds.
+    plain_factor: float | None = None
 
 
 def round_time(num_speculative_tokens: int, costs: RoundCosts) -> float:
-    """T_round(K), seconds: the draft side and a verify pass of R_others + K + 1 rows."""
+    """T_round(K), seconds: the draft side and a verify pass of R_others + K + 1 rows (K = 0:
+    times plain_factor where K = 0 rounds are decoded in one call)."""
     verify = costs.verify_fn(costs.others_rows + num_speculative_tokens + 1)
     if num_speculative_tokens == 0:
-        return verify + costs.rtt_target
+        plain = verify + costs.rtt_target
+        return plain * costs.plain_factor if costs.plain_factor is not None else plain
     draft_side = num_speculative_tokens * costs.t_draft + costs.rtt_draft + costs.catchup_seconds
     return draft_side + verify + costs.rtt_target
 
@@ -260,6 +266,10 @@ def speedup_bound(
 # ---------------------------------------------------------------------------------------------
 # Policies
 
+# A plain decoding pace outside this range of the predicted K = 0 round is taken as its bound (a
+# stalled stream, or a first token that came at once, is not the pace of K = 0 rounds).
+PLAIN_FACTOR_RANGE = (0.25, 4.0)
+
 
 @dataclass(frozen=True)
 class KControllerConfig:
@@ -350,6 +360,8 @@ class AdaptiveKController:
         self._t_feed = self._timing_estimate(seed.t_feed_per_token)
         self._rtt_draft = self._timing_estimate(seed.rtt_draft)
         self._rtt_target = self._timing_estimate(seed.rtt_target)
+        # K = 0 rounds decoded in one call (plain_rounds): their time per token over a K = 0 round's
+        self._plain_factor = self._timing_estimate(seed.plain_factor)
         self._verify = VerifyFit(
             cfg.verify_prior_strength,
             cfg.verify_decay,
@@ -402,6 +414,33 @@ class AdaptiveKController:
             self._planned_fanout = fanout
             return ahead_k
         return num_speculative_tokens
+
+    def plain_rounds(self) -> int:
+        """K = 0 rounds up to the next probe while the choice is K = 0 (PlainStretches): nothing
+        else changes the choice without a round's measurements. 0 while drafting, with a probe
+        due, or when pipelining may draft ahead where plain rounds would not."""
+        if self._num_speculative_tokens != 0 or self._ahead is not None:
+            return 0
+        return max(0, self._probe_interval - self._rounds_since_probe)
+
+    def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
+        """K = 0 rounds run as one Decode: the draft owes them as catch-up, they count towards the
+        next probe, and their pace, over what a K = 0 Verify round is predicted to take, prices
+        K = 0 from now on (RoundCosts.plain_factor)."""
+        if rounds <= 0:
+            return
+        base = self._base_costs()
+        self._round += rounds
+        self._pending_catchup_tokens += rounds
+        if self._num_speculative_tokens == 0:
+            self._rounds_since_probe += rounds
+        if base is not None and seconds_per_token > 0:
+            predicted = round_time(0, replace(base, plain_factor=None))
+            if predicted > 0:
+                factor = min(PLAIN_FACTOR_RANGE[1], max(PLAIN_FACTOR_RANGE[0], seconds_per_token / predicted))
+                self._plain_factor.update(factor, self._round)
+        if self._priors is not None:
+            self._priors.update(self._session_estimates())
 
     def pipeline(self, max_fanout: int, priors: PipelinePriors | None = None) -> PipelinePolicy:
         """Drafting ahead chosen with K from this session's estimates (pipeline auto)."""
@@ -487,6 +526,7 @@ class AdaptiveKController:
             "t_feed_per_token": self._t_feed.value,
             "rtt_draft": self._rtt_draft.value,
             "rtt_target": self._rtt_target.value,
+            "plain_factor": self._plain_factor.value,
             "verify_pass_rows": self._pass_rows.value,  # mean rows of the verify pass, all sessions
             "verify_pass_sessions": self._pass_sessions.value,  # mean sessions in it, n
             "verify_pass_others_rows": self._others_rows.value,  # mean rows of the others, R_others
@@ -580,7 +620,9 @@ class AdaptiveKController:
         # Alone, a row count's own residual (kernel steps) sharpens the line; with others in the
         # pass their rows move it across those steps from round to round, so the line alone.
         verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
-        return RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
+        # K = 0 at plain decoding's pace once measured, where K = 0 rounds are decoded in one call
+        plain = self._plain_factor.value if self._ahead is None else None
+        return RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows, plain_factor=plain)
 
     def _verify_costs(self) -> RoundCosts | None:
         """The round's costs without a draft (no draft time, hop or catch-up): all a lookup needs."""
@@ -671,6 +713,7 @@ class AdaptiveKController:
             verify_b=coefficients[1] if coefficients else None,
             rtt_draft=own(self._rtt_draft),
             rtt_target=own(self._rtt_target),
+            plain_factor=own(self._plain_factor),
             verify_residuals=self._verify.residuals() if self._verify.session_samples > 0 else None,
         )
 

@@ -249,6 +249,8 @@ class PriorEstimates:
     # (rows, mean residual from the verify line in seconds) for each row count measured: the shape
     # of T_verify(n) that a line misses, e.g. the step at 4 rows on this CPU
     verify_residuals: tuple[tuple[int, float], ...] | None = None
+    # K = 0 rounds decoded in one call: their time per token over a K = 0 Verify round's
+    plain_factor: float | None = None
 
 
 def _blend(old: float | None, new: float, weight: float) -> float:

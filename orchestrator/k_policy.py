@@ -95,6 +95,19 @@ class LookupChooser(Protocol):
         K = 0 where model_num_speculative_tokens is None) or how many of its tokens to verify."""
 
 
+@runtime_checkable
+class PlainStretches(Protocol):
+    """A policy that can say ahead how many K = 0 rounds it will run, so that the loop decodes them
+    in one streamed target call (a Decode) instead of a Verify each (the adaptive controller, while
+    its choice is K = 0: until its next probe). Other policies are asked for K every round."""
+
+    def plain_rounds(self) -> int:
+        """K = 0 rounds this policy commits to from now on, whatever they commit; 0: ask choose()."""
+
+    def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
+        """Record K = 0 rounds run as one Decode, at seconds_per_token of the call's wall time."""
+
+
 @dataclass
 class FixedK:
     """The same K every round (K = 0 is target-only decoding)."""

@@ -1,0 +1,92 @@
+"""An adaptive session whose controller settles at K = 0 decodes its K = 0 rounds in one streamed
+target call (a Decode) up to its next probe, instead of a Verify each; the controller is told of
+them (catch-up, probe schedule, their pace). The output must stay the target's own, the probes
+must still come, and with a lookup draft (hybrid) the lookup must still be asked between
+stretches. Real services in-process: the tiny float64 target with an unrelated random draft,
+whose drafts are almost all rejected, so the controller leaves drafting early."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator.k_controller import PLAIN_FACTOR_RANGE
+from orchestrator.k_policy import Speculation
+from tests.service.test_lookup_drafts import _generate, start_lookup_stack
+
+PROMPT = [5, 9, 14, 3, 22, 9, 14, 3]
+MAX_NEW_TOKENS = 160
+ADAPTIVE = Speculation(mode="adaptive")
+
+
+@pytest.fixture(scope="module")
+def expected(reference_target):
+    """The target alone, greedy."""
+    with torch.no_grad():
+        output = reference_target.generate(torch.tensor([PROMPT]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                           attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long))
+    return output[0, len(PROMPT):].tolist()
+
+
+def _stretches(stats) -> tuple[list[int], int]:
+    """(K of each round, K = 0 rounds that a Decode ran): a Decode's tokens are K = 0 rounds too."""
+    ks = list(stats.num_speculative_tokens_per_round)
+    return ks, stats.decode_calls
+
+
+def test_a_session_at_k0_decodes_its_rounds_in_stretches(loop_thread, tiny_pair, expected):
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+    try:
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
+                                                  max_new_tokens=MAX_NEW_TOKENS))
+        assert tokens == expected
+        ks, decode_calls = _stretches(stats)
+        assert len(ks) == stats.generated_tokens - 1 == MAX_NEW_TOKENS - 1
+        # It drafted first (the prior's alpha), gave up on the far draft, then decoded in calls
+        # of many rounds each instead of a target call per round.
+        assert ks[0] > 0
+        zero_rounds = ks.count(0)
+        assert zero_rounds >= MAX_NEW_TOKENS // 2, ks
+        assert 1 <= decode_calls <= zero_rounds // 4, (decode_calls, ks)
+        # The probes still came between stretches (K = 2 rounds after the first K = 0 round).
+        first_zero = ks.index(0)
+        assert any(k > 0 for k in ks[first_zero:]), ks
+        # The controller learned the stretches' pace against its K = 0 Verify round's.
+        factor = stats.controller_estimates["plain_factor"]
+        assert PLAIN_FACTOR_RANGE[0] <= factor <= PLAIN_FACTOR_RANGE[1]
+    finally:
+        loop_thread.run(running.stop())
+
+
+def test_a_far_draft_with_fixed_k_never_decodes(loop_thread, tiny_pair, expected):
+    """Only a policy that commits to K = 0 rounds ahead (the adaptive controller) stretches them."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+    try:
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=Speculation(mode="fixed"),
+                                                  max_new_tokens=48))
+        assert tokens == expected[:48]
+        assert stats.decode_calls == 0 and all(k > 0 for k in stats.num_speculative_tokens_per_round[:-1])
+    finally:
+        loop_thread.run(running.stop())
+
+
+def test_hybrid_stretches_are_short_and_the_lookup_still_proposes(loop_thread, tiny_pair, expected):
+    """With a lookup draft a stretch is at most a few rounds, and the lookup is asked before each:
+    on this repetitive output (the tiny target loops) its proposals keep coming while the model
+    draft sits at K = 0."""
+    from orchestrator.generation import LOOKUP_PLAIN_STEPS
+
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "hybrid"))
+    try:
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
+                                                  max_new_tokens=MAX_NEW_TOKENS))
+        assert tokens == expected
+        ks, decode_calls = _stretches(stats)
+        assert decode_calls >= 1
+        assert ks.count(0) >= decode_calls  # a stretch is K = 0 rounds
+        # No stretch longer than LOOKUP_PLAIN_STEPS: at most that many K = 0 rounds per call,
+        # besides the plain Verify rounds between calls.
+        assert ks.count(0) <= decode_calls * LOOKUP_PLAIN_STEPS + (len(ks) - decode_calls), ks
+        assert stats.drafted_by_method.get("suffix", 0) > 0
+    finally:
+        loop_thread.run(running.stop())

@@ -1,0 +1,139 @@
+"""K = 0 rounds decoded in one call (PlainStretches): the controller says how many K = 0 rounds it
+commits to (until its next probe), is told of them afterwards, and prices K = 0 at their measured
+pace. Synthetic rounds from tests/unit/test_k_controller.py's simulator: no servers, no clocks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.k_controller import (
+    PLAIN_FACTOR_RANGE,
+    AdaptiveKController,
+    KControllerConfig,
+    best_k,
+    round_time,
+)
+from orchestrator.k_estimates import ControllerPriors, PriorEstimates
+from orchestrator.k_policy import PlainStretches
+from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play, slow_draft_hop
+
+
+def play_with_stretches(controller: AdaptiveKController, services: SimulatedServices, world: Conditions,
+                        tokens: int, plain_factor: float) -> tuple[list[int], list[int]]:
+    """Like play(), but K = 0 rounds the controller commits to run as one stretch, at plain_factor
+    times a K = 0 Verify round's time per token. Returns (K of each round, length of each stretch)."""
+    ks: list[int] = []
+    stretches: list[int] = []
+    while len(ks) < tokens:
+        rounds = min(controller.plain_rounds(), tokens - len(ks))
+        if rounds > 0:
+            pace = plain_factor * (world.verify(1) + world.rtt_target)
+            for _ in range(rounds):
+                services.round(0, world)  # the simulated draft falls behind by one token each
+            controller.observe_plain(rounds, pace)
+            ks += [0] * rounds
+            stretches.append(rounds)
+            continue
+        k = controller.choose(K_MAX)
+        controller.observe(services.round(k, world))
+        ks.append(k)
+    return ks, stretches
+
+
+def test_round_time_prices_k0_at_the_plain_factor() -> None:
+    costs = replace(Conditions().costs(), others_rows=3)
+    plain = costs.verify_fn(4) + costs.rtt_target
+    assert round_time(0, replace(costs, plain_factor=0.6)) == pytest.approx(0.6 * plain)
+    assert round_time(0, costs) == pytest.approx(plain)
+    for k in (1, 3):  # drafted rounds are Verify rounds whatever the factor
+        assert round_time(k, replace(costs, plain_factor=0.6)) == pytest.approx(round_time(k, costs))
+
+
+def test_the_adaptive_controller_is_a_plain_stretches_policy() -> None:
+    assert isinstance(AdaptiveKController(), PlainStretches)
+
+
+def test_no_stretch_while_drafting_or_when_pipelining_may_draft_ahead() -> None:
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
+    assert controller.plain_rounds() == 0  # it starts at its initial K
+    play(controller, SimulatedServices(0), Conditions(alpha=0.9), 50)
+    assert controller.plain_rounds() == 0
+    ahead = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
+    ahead.pipeline(max_fanout=3)  # auto: drafting ahead may pay where a plain round does not
+    play(ahead, SimulatedServices(1), slow_draft_hop(), 200)
+    assert ahead.plain_rounds() == 0
+
+
+def test_stretches_run_to_the_probes_which_back_off_as_per_round() -> None:
+    """Stretched or not, K = 0 rounds count towards the probes the same: the same K every round."""
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX, probe_interval_rounds=10, probe_backoff=2.0)
+    world = slow_draft_hop()
+    per_round = play(AdaptiveKController(config), SimulatedServices(2), world, 400)
+    # At factor 1 a stretch's pace is the K = 0 round's, so nothing else differs.
+    stretched, stretches = play_with_stretches(AdaptiveKController(config), SimulatedServices(2), world, 400, 1.0)
+    assert stretched == per_round
+    whole = stretches[:-1]  # the last one is cut where the play ends
+    assert len(whole) >= 3 and whole == sorted(whole) and whole[-1] > whole[0], stretches
+    # Every stretch ends where a probe is due: the round after it drafts (K = probe K).
+    position = 0
+    for index, (k, following) in enumerate(zip(stretched, stretched[1:])):
+        if k == 0 and following > 0:
+            position += 1
+            assert following == config.probe_num_speculative_tokens, index
+    assert position >= len(stretches) - 1
+
+
+def break_even_world() -> Conditions:
+    """A draft that pays a little at the price of a K = 0 Verify round, but not at 0.7 of it."""
+    return Conditions(alpha=0.5, t_draft=0.003, verify_a=0.020, verify_b=0.001, rtt_draft=0.002, rtt_target=0.002)
+
+
+def test_a_pool_that_measured_cheap_stretches_settles_at_k0() -> None:
+    world = break_even_world()
+    assert best_k(world.alpha, world.costs(), K_MAX) > 0
+    assert best_k(world.alpha, replace(world.costs(), plain_factor=0.7), K_MAX) == 0
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX)
+
+    def settled(priors: ControllerPriors, seed: int) -> tuple[list[int], AdaptiveKController]:
+        controller = AdaptiveKController(config, priors=priors)
+        ks, _ = play_with_stretches(controller, SimulatedServices(seed), world, 400, 0.7)
+        return ks, controller
+
+    # A pool that never measured a stretch prices K = 0 as a Verify round and keeps drafting.
+    unmeasured = ControllerPriors()
+    ks, controller = settled(unmeasured, 3)
+    assert sum(k > 0 for k in ks[-100:]) > 90
+    assert "plain_factor" not in controller.estimates() or controller.estimates()["plain_factor"] is None
+    # One that did (earlier sessions' stretches at 0.7 of a Verify round) settles at K = 0, and
+    # its sessions keep measuring the factor.
+    measured = ControllerPriors(initial=replace(unmeasured.snapshot(), plain_factor=0.7))
+    ks, controller = settled(measured, 3)
+    assert sum(k == 0 for k in ks[-100:]) > 90
+    assert controller.estimates()["plain_factor"] == pytest.approx(0.7, rel=0.05)
+    assert measured.snapshot().plain_factor == pytest.approx(0.7, rel=0.05)
+
+
+def test_observed_stretches_teach_the_pool_their_pace_and_owe_the_draft_its_tokens() -> None:
+    priors = ControllerPriors()
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX), priors=priors)
+    play(controller, SimulatedServices(5), slow_draft_hop(), 60)  # at K = 0 by now
+    assert controller.plain_rounds() > 0
+    world = slow_draft_hop()
+    verify_round = world.verify(1) + world.rtt_target
+    before = controller.plain_rounds()
+    controller.observe_plain(4, 0.5 * verify_round)
+    assert controller.plain_rounds() == before - 4
+    factor = controller.estimates()["plain_factor"]
+    assert 0.4 < factor < 0.6  # measured against the controller's own fit of the Verify round
+    assert priors.snapshot().plain_factor == pytest.approx(factor)
+    # A pace far outside the range is taken as its bound, not as K = 0's price.
+    for _ in range(50):
+        controller.observe_plain(1, 1000.0 * verify_round)
+    assert controller.estimates()["plain_factor"] == pytest.approx(PLAIN_FACTOR_RANGE[1], rel=0.01)
+
+
+def test_the_pool_prior_carries_the_plain_factor() -> None:
+    seeded = AdaptiveKController(priors=ControllerPriors(initial=PriorEstimates(plain_factor=0.8)))
+    assert seeded.estimates()["plain_factor"] == pytest.approx(0.8)
