@@ -176,6 +176,34 @@ def test_a_gap_between_requests_does_not_abort_a_test():
     assert not guard.speculating
 
 
+def test_two_closed_loop_clients_get_a_decision():
+    """Two clients, each out for a moment between its requests while the other commits: the
+    windows' mean load is a little under two sessions. The tests must still decide (they were
+    discarded as a lost load, every time, so the sessions sat at K = 0 and paid the tests)."""
+    clock = Clock()
+    guard = _guard(clock, sessions=2)
+    step, request_seconds, gap_seconds = 0.05, 1.5, 0.15
+    present = [True, True]
+    rates = {True: 20.0, False: 12.0}  # speculating pays
+    carry = [0.0, 0.0]
+    while clock.now < 40.0:
+        for index in range(2):
+            phase = (clock.now + index * request_seconds / 2) % (request_seconds + gap_seconds)
+            here = phase < request_seconds
+            if here != present[index]:
+                guard.enter() if here else guard.leave()
+                present[index] = here
+            if here:
+                carry[index] += rates[guard.allows_speculation()] * step
+                whole = int(carry[index])
+                if whole:
+                    carry[index] -= whole
+                    guard.record(whole)
+        clock.now += step
+    assert guard.last_decision is not None
+    assert guard.speculating
+
+
 def test_seconds_until_change_bounds_how_long_the_answer_holds():
     """While the load stays, allows_speculation() keeps its answer for at least what
     seconds_until_change() said (a guarded session decodes that long without missing a switch),
