@@ -243,19 +243,19 @@ class Generation:
         return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
 
     def _plain_rounds(self) -> int:
-        """K = 0 rounds the policy commits to from here (PlainStretches: the adaptive controller
-        while its choice is K = 0), to decode in one call; 0 runs a round. A lookup draft is
-        asked first: a proposal the controller would verify gets its round, and a stretch is at
-        most LOOKUP_PLAIN_STEPS, so that it is asked again soon."""
+        """K = 0 rounds the policy commits to from here (PlainStretches: fixed K = 0, and the
+        adaptive controller while its choice is K = 0), to decode in one call; 0 runs a round.
+        The adaptive controller weighs a lookup draft's proposals each round: the lookup is asked
+        first, a proposal the controller would verify gets its round, and a stretch is at most
+        LOOKUP_PLAIN_STEPS, so that it is asked again soon."""
         if not isinstance(self.policy, PlainStretches):
             return 0
         rounds = self.policy.plain_rounds()
-        if rounds <= 0 or self.local_draft is None:
-            return max(0, rounds)
+        if rounds <= 0 or self.local_draft is None or not isinstance(self.policy, LookupChooser):
+            return max(0, rounds)  # other policies verify up to their K of a lookup: none at K = 0
         found, _ = self.local_draft.lookup(self.committed, self._max_num_speculative_tokens())
-        if found.token_ids:
-            if not isinstance(self.policy, LookupChooser) or self.policy.choose_lookup(found.match_lengths, None):
-                return 0
+        if found.token_ids and self.policy.choose_lookup(found.match_lengths, None):
+            return 0
         return min(rounds, LOOKUP_PLAIN_STEPS)
 
     def _decode(self, plain_rounds: int = 0) -> AsyncIterator[tuple[int, ...]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from orchestrator.pipelining import PipelineMode
+from specdec.protocol import MAX_DECODE_STEPS
 
 SpeculationMode = Literal["off", "fixed", "adaptive", "heuristic"]
 SPECULATION_MODES: tuple[SpeculationMode, ...] = ("off", "fixed", "adaptive", "heuristic")
@@ -122,6 +123,13 @@ class FixedK:
 
     def estimates(self) -> dict[str, float]:
         return {}
+
+    def plain_rounds(self) -> int:
+        """K = 0 every round: as many as a Decode takes (PlainStretches); none at K > 0."""
+        return MAX_DECODE_STEPS if self.num_speculative_tokens == 0 else 0
+
+    def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
+        pass
 
 
 class HeuristicK:

@@ -58,14 +58,27 @@ def test_a_session_at_k0_decodes_its_rounds_in_stretches(loop_thread, tiny_pair,
         loop_thread.run(running.stop())
 
 
-def test_a_far_draft_with_fixed_k_never_decodes(loop_thread, tiny_pair, expected):
-    """Only a policy that commits to K = 0 rounds ahead (the adaptive controller) stretches them."""
-    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+@pytest.mark.parametrize("method", ["model", "hybrid"])
+def test_fixed_k_decodes_at_k0_only(loop_thread, tiny_pair, expected, method):
+    """A fixed K = 0 commits to K = 0 for good: Decode calls of up to 64 rounds (no lookup is ever
+    verified at K = 0, so none is asked); a fixed K > 0 never decodes."""
+    from specdec.protocol import MAX_DECODE_STEPS
+
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, method))
     try:
-        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=Speculation(mode="fixed"),
-                                                  max_new_tokens=48))
+        zero = Speculation(mode="fixed", num_speculative_tokens=0)
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=zero,
+                                                  max_new_tokens=MAX_NEW_TOKENS))
+        assert tokens == expected
+        ks, decode_calls = _stretches(stats)
+        assert ks == [0] * (MAX_NEW_TOKENS - 1)
+        assert decode_calls == -(-(MAX_NEW_TOKENS - 1) // MAX_DECODE_STEPS)
+        two = Speculation(mode="fixed", num_speculative_tokens=2)
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=two, max_new_tokens=48))
         assert tokens == expected[:48]
-        assert stats.decode_calls == 0 and all(k > 0 for k in stats.num_speculative_tokens_per_round[:-1])
+        assert stats.decode_calls == 0
+        # Only the last round, with one token left, runs at K = 0.
+        assert all(k > 0 for k in stats.num_speculative_tokens_per_round[:-1])
     finally:
         loop_thread.run(running.stop())
 

@@ -137,3 +137,12 @@ def test_observed_stretches_teach_the_pool_their_pace_and_owe_the_draft_its_toke
 def test_the_pool_prior_carries_the_plain_factor() -> None:
     seeded = AdaptiveKController(priors=ControllerPriors(initial=PriorEstimates(plain_factor=0.8)))
     assert seeded.estimates()["plain_factor"] == pytest.approx(0.8)
+
+
+def test_fixed_k0_commits_to_a_whole_decode_and_fixed_k_to_none() -> None:
+    from orchestrator.k_policy import FixedK
+    from specdec.protocol import MAX_DECODE_STEPS
+
+    assert isinstance(FixedK(0), PlainStretches)
+    assert FixedK(0).plain_rounds() == MAX_DECODE_STEPS
+    assert FixedK(3).plain_rounds() == 0
