@@ -254,7 +254,9 @@ class Generation:
         if rounds <= 0 or self.local_draft is None or not isinstance(self.policy, LookupChooser):
             return max(0, rounds)  # other policies verify up to their K of a lookup: none at K = 0
         found, _ = self.local_draft.lookup(self.committed, self._max_num_speculative_tokens())
-        if found.token_ids and self.policy.choose_lookup(found.match_lengths, None):
+        model_draft = self.uses_model_draft and (self.replicas.has_draft or self.replicas.draft_attaching)
+        model_k = 0 if model_draft else None  # as _local_proposal asks the chooser at K = 0
+        if found.token_ids and self.policy.choose_lookup(found.match_lengths, model_k):
             return 0
         return min(rounds, LOOKUP_PLAIN_STEPS)
 
@@ -296,6 +298,7 @@ class Generation:
         try:
             async for tokens in steps:
                 decoded += len(tokens)
+                self.stats.decoded_tokens += len(tokens)
                 for _ in tokens:
                     self.stats.add_round(0, 0, 1)
                 yield tokens

@@ -482,6 +482,10 @@ class AdaptiveKController:
             elif model_num_speculative_tokens > 0:
                 model_seconds = math.inf  # the model draft's costs are not known yet: the lookup first
         verify_costs = costs if costs is not None else self._verify_costs()
+        if model_num_speculative_tokens is None and verify_costs is not None:
+            # No model draft this round (a lookup alone): without the lookup's tokens the round is
+            # a Verify at K = 0, not a stretch of them (those follow the model's choice of K = 0).
+            verify_costs = replace(verify_costs, plain_factor=None)
         return choose_lookup_k(self._lookup_acceptance(), match_lengths, verify_costs, model_seconds)
 
     def _lookup_acceptance(self) -> LookupAcceptance:
@@ -620,9 +624,16 @@ class AdaptiveKController:
         # Alone, a row count's own residual (kernel steps) sharpens the line; with others in the
         # pass their rows move it across those steps from round to round, so the line alone.
         verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
-        # K = 0 at plain decoding's pace once measured, where K = 0 rounds are decoded in one call
-        plain = self._plain_factor.value if self._ahead is None else None
-        return RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows, plain_factor=plain)
+        costs = RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
+        if self._ahead is not None:
+            return costs  # drafting ahead: K = 0 rounds are Verify rounds
+        # K = 0 rounds are decoded in one call: at their measured pace, or until it is measured, at
+        # the K = 0 round with its target hop paid once per stretch (to the next probe)
+        plain = self._plain_factor.value
+        if plain is None:
+            verify_round = round_time(0, costs)
+            plain = (verify_round - rtt_target * (1.0 - 1.0 / self._probe_interval)) / verify_round
+        return replace(costs, plain_factor=plain)
 
     def _verify_costs(self) -> RoundCosts | None:
         """The round's costs without a draft (no draft time, hop or catch-up): all a lookup needs."""

@@ -140,4 +140,5 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         branches_drafted=stats.branches_drafted,
         fanout_per_round=stats.fanout_per_round,
         decode_calls=stats.decode_calls,
+        decoded_tokens=stats.decoded_tokens,
     )

@@ -1,6 +1,8 @@
 """Adaptive K under real injected network delay: a TCP delay proxy sits between the orchestrator
-and each service. With 20 ms of round trip on each hop the controller drafts more per round than
-with none, and the output stays identical to the target alone."""
+and each service. With 20 ms of round trip on each hop every drafted round pays both hops, while
+plain rounds stream from one Decode call: the controller (which sees the delay) settles at K = 0
+and pays the target's hop once per stretch of rounds, not once per token, and the output stays
+identical to the target alone."""
 
 from __future__ import annotations
 
@@ -55,19 +57,23 @@ def _reference(model, prompt):
     return output[0, len(prompt):].tolist()
 
 
-def test_more_drafts_per_round_when_the_network_is_slow(delayed_orchestrators, reference_target):
-    mean_k = {}
+def test_a_slow_network_streams_plain_rounds_instead_of_a_hop_per_token(delayed_orchestrators, reference_target):
     for rtt_ms, address in delayed_orchestrators.items():
-        chosen = []
+        target_calls = tokens_after_the_first = 0
         for prompt in PROMPTS:
             request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=MAX_NEW_TOKENS,
                                          speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE))
             tokens, _, last = generate(address, request)
             assert tokens == _reference(reference_target, prompt), f"{rtt_ms} ms, prompt {prompt}"
-            rounds = list(last.stats.num_speculative_tokens_per_round)
-            chosen.extend(rounds[len(rounds) // 3:-1])  # after warm-up, without the capped last round
+            stats = last.stats
+            # Target calls after the prefill: a Verify per round that no Decode ran, a Decode per stretch.
+            target_calls += len(stats.num_speculative_tokens_per_round) - stats.decoded_tokens + stats.decode_calls
+            tokens_after_the_first += stats.generated_tokens - 1
             if rtt_ms:
-                assert last.stats.controller_estimates["rtt_target"] >= 0.02  # the proxy's delay is seen
-        mean_k[rtt_ms] = statistics.mean(chosen)
-    print("mean K by RTT (ms):", mean_k)
-    assert mean_k[20.0] > mean_k[0.0], mean_k
+                assert stats.controller_estimates["rtt_target"] >= 0.02  # the proxy's delay is seen
+                assert stats.decode_calls >= 1
+        print(f"{rtt_ms} ms: {target_calls} target calls for {tokens_after_the_first} tokens")
+        # The tiny pair's draft costs as much as its target, so plain rounds win at any RTT here;
+        # they stream, so the target's hop is paid for a handful of tokens at a time at most.
+        assert target_calls * 4 <= tokens_after_the_first, (rtt_ms, target_calls)
+
