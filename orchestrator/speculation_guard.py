@@ -12,7 +12,8 @@ So while two or more sessions are generating, the orchestrator tests it directly
 it measures a window with its adaptive sessions doing what they decided so far (speculating as
 their controllers choose, or all at K = 0) and, right after, a window doing the other, and keeps
 whichever committed more tokens per second, by a margin; until its first test it holds the
-sessions at K = 0, so speculation that does not pay costs only the test's window. A decision that
+sessions at K = 0, so speculation that does not pay costs only the test's window (and half of it
+when the other mode is clearly losing: the window then ends early). A decision that
 holds at least doubles the time to the next test (up to a ceiling), and more when the test showed
 the other choice to lose a lot: the time in the losing mode is then kept to a small share of the
 time between tests. One that flips resets it; a test whose windows saw different loads is
@@ -51,6 +52,10 @@ class GuardConfig:
     test_cost_share: float = 0.025
     min_sessions: int = 2
     max_load_change: float = 0.25  # mean sessions of the two windows may differ by this fraction
+    # The other window ends early once, after this share of it, it has committed less than the
+    # kept mode's rate would have by more than early_end_loss: a clear loss need not run in full.
+    early_end_share: float = 0.5
+    early_end_loss: float = 0.35
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0 or self.settle_seconds < 0 or self.margin < 0:
@@ -61,6 +66,8 @@ class GuardConfig:
             raise ValueError("min_sessions must be >= 2")
         if not 0 < self.test_cost_share < 1:
             raise ValueError("test_cost_share must be in (0, 1)")
+        if not 0 < self.early_end_share <= 1 or not 0 < self.early_end_loss < 1:
+            raise ValueError("early_end_share must be in (0, 1], early_end_loss in (0, 1)")
 
 
 @dataclass
@@ -133,6 +140,18 @@ class SpeculationGuard:
         if self._windows is not None:
             for window in self._windows:
                 window.add(now, tokens, self._active)
+            self._end_a_clear_loss_early(now)
+
+    def _end_a_clear_loss_early(self, now: float) -> None:
+        """Ends the other window now if, past early_end_share of it, it trails the kept mode's
+        rate by more than early_end_loss (the test is then decided on the shorter window)."""
+        config = self.config
+        kept, other = self._windows
+        elapsed = now - other.start
+        if elapsed < config.early_end_share * config.window_seconds or now >= other.end:
+            return
+        if other.tokens < (1.0 - config.early_end_loss) * kept.rate * elapsed:
+            other.end = now
 
     def allows_speculation(self) -> bool:
         """Whether an adaptive session may speculate in the round it is about to run."""
@@ -148,7 +167,9 @@ class SpeculationGuard:
     def seconds_until_change(self) -> float:
         """How long allows_speculation() keeps its answer if the load stays as it is: until the
         next test switches to its other window, that window ends, or (with fewer than
-        min_sessions) the load counts as gone. inf when nothing is due."""
+        min_sessions) the load counts as gone. inf when nothing is due. A clearly losing other
+        window may end sooner (record): a session still decoding then finishes its call in that
+        mode, as it would have had the window run whole."""
         now = self._clock()
         self._advance(now)
         config = self.config
@@ -216,12 +237,15 @@ class SpeculationGuard:
             self._next_test = loaded + config.window_seconds  # different loads: not comparable, soon again
             log.info("speculation guard: test discarded, %.1f and %.1f sessions in its windows", *loads)
             return
+        # (other.rate is over the window as it ran: whole, or ended early on a clear loss.)
         speculating_rate, off_rate = (kept.rate, other.rate) if self.speculating else (other.rate, kept.rate)
         if other.rate > kept.rate * (1.0 + config.margin):
             self.speculating = not self.speculating
             self._interval = config.first_test_seconds
         else:
-            # The other window (and its settling) ran at other.rate instead of kept.rate.
+            # The other window (and its settling) ran at other.rate instead of kept.rate. The wait
+            # is set by what a whole test in the losing mode costs, so a test that ended early
+            # costs less than its share, and does not come any sooner.
             loss = max(0.0, 1.0 - other.rate / kept.rate) if kept.rate > 0 else 0.0
             cost = loss * (config.window_seconds + config.settle_seconds)
             self._interval = min(max(2.0 * self._interval, cost / config.test_cost_share),

@@ -99,6 +99,38 @@ def test_the_more_the_other_mode_loses_the_rarer_the_tests():
     assert marginal_gaps == sorted(marginal_gaps) and marginal_gaps[0] < marginal_gaps[-1]  # they double
 
 
+def _seconds_in_other_mode_during_first_test(rate_speculating: float, rate_off: float) -> float:
+    """Seconds the first session spent speculating (the other mode of a guard that starts at
+    K = 0) until the first test decided."""
+    clock = Clock()
+    guard = _guard(clock, sessions=8)
+    step = 0.05
+    modes = _simulate(guard, clock, 8, 10.0, rate_speculating, rate_off, step=step)  # the next test is later
+    assert guard.last_decision is not None and not guard.speculating
+    return sum(modes) * step
+
+
+def test_a_clearly_losing_window_ends_early_and_a_close_one_runs_in_full():
+    config = GuardConfig()
+    whole = config.settle_seconds + config.window_seconds
+    # Speculating at half of K = 0's rate: the window ends once half of it has shown that.
+    clear = _seconds_in_other_mode_during_first_test(rate_speculating=6.0, rate_off=12.0)
+    assert clear < config.settle_seconds + 0.6 * config.window_seconds < whole
+    # At 0.9 of it (within early_end_loss) the window runs whole, and the test decides on it.
+    close = _seconds_in_other_mode_during_first_test(rate_speculating=10.8, rate_off=12.0)
+    assert close == pytest.approx(whole, abs=0.1)
+
+
+def test_an_early_end_does_not_bring_the_next_test_sooner():
+    """The wait after a test is what a whole test in the losing mode would cost over the share."""
+    config = GuardConfig()
+    decided = _test_times(rate_speculating=4.0, rate_off=12.0, seconds=200.0)
+    loss = 1.0 - 4.0 / 12.0
+    wait = loss * (config.window_seconds + config.settle_seconds) / config.test_cost_share
+    gaps = [later - earlier for earlier, later in itertools.pairwise(decided)]
+    assert gaps and min(gaps) >= wait
+
+
 def test_when_the_load_comes_back_the_last_decision_stands_until_its_next_test():
     clock = Clock()
     guard = _guard(clock, sessions=8)
@@ -209,7 +241,9 @@ def test_seconds_until_change_bounds_how_long_the_answer_holds():
     seconds_until_change() said (a guarded session decodes that long without missing a switch),
     and every change comes when a bound ran out, not unannounced."""
     clock = Clock()
-    guard = SpeculationGuard(clock=clock)
+    # A clearly losing window ends early, unannounced (test_a_clearly_losing_window_ends_early...):
+    # here every window runs whole.
+    guard = SpeculationGuard(GuardConfig(early_end_share=1.0), clock=clock)
     guard.enter()
     guard.enter()
     step = 0.01
