@@ -212,6 +212,9 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
         "client_seconds": result.client_seconds,
         "time_to_first_token_seconds": stats.time_to_first_token_seconds,
         "rounds": stats.rounds,
+        # K = 0 rounds streamed by Decode calls (one target call, one hop, for all of them)
+        "decode_calls": stats.decode_calls,
+        "decoded_tokens": stats.decoded_tokens,
         "drafted_tokens": stats.drafted_tokens,
         "accepted_tokens": stats.accepted_tokens,
         "rejections": rejections,
