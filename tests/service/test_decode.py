@@ -38,11 +38,16 @@ def _tokens(steps: list[DecodeStep]) -> list[int]:
     return [token for step in steps for token in step.token_ids]
 
 
-async def _with_client(address: str, work):
+async def _with_client(address: str, work, sessions: tuple[str, ...]):
+    """work(client) against the shared stack's target; the sessions it opened are released after
+    (the stack outlives this module, and other tests count its live sessions)."""
     channel = open_channel(address, None, 64 * 2**20)
+    client = TargetClient(address, channel, RpcTimeouts())
     try:
-        return await work(TargetClient(address, channel, RpcTimeouts()))
+        return await work(client)
     finally:
+        for session_id in sessions:
+            await client.release(session_id)
         await channel.close()
 
 
@@ -64,7 +69,8 @@ def test_decode_returns_the_tokens_of_as_many_plain_verifies(loop_thread, stack,
         again = await _decode(client, first[-1].handle, 4)  # a retry of the last call: the same answer
         return by_verify, first, second, again, handle
 
-    by_verify, first, second, again, handle = loop_thread.run(_with_client(stack.target_address, work))
+    by_verify, first, second, again, handle = loop_thread.run(
+        _with_client(stack.target_address, work, (f"decode-{mode}", f"verify-{mode}")))
     assert len(_tokens(first)) == 6 and len(_tokens(second)) == 4
     assert _tokens(first) + _tokens(second) == by_verify
     # Streamed: a message per step, each with the handle after it; the timing on the last.
@@ -86,7 +92,7 @@ def test_a_cancelled_decode_stops_and_its_handle_tells_how_far_it_went(loop_thre
         session = stack.target.store.get("decode-cancel")
         return first, session.committed_length
 
-    first, length = loop_thread.run(_with_client(stack.target_address, work))
+    first, length = loop_thread.run(_with_client(stack.target_address, work, ("decode-cancel",)))
     assert first.token_ids and first.handle.committed_length == len(PROMPT) + 2
     # It stopped soon after the cancel (how many steps ran meanwhile depends on the machine),
     # short of the 64 asked for, which take this model a fraction of the half second waited.
@@ -103,7 +109,7 @@ def test_decode_refuses_a_step_count_out_of_range(loop_thread, stack):
             errors.append(str(caught.value))
         return errors
 
-    for message in loop_thread.run(_with_client(stack.target_address, work)):
+    for message in loop_thread.run(_with_client(stack.target_address, work, ("decode-range",))):
         assert "max_tokens must be in [1, 64]" in message
 
 
