@@ -5,7 +5,9 @@ Terms (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative 
 arXiv 2211.17192, section 3; their gamma is our K):
 
 - K (``num_speculative_tokens``): draft tokens proposed in a round. K = 0 is plain decoding on the
-  target: one Verify of one row, no draft call.
+  target: one Verify of one row, no draft call; or, while the controller's choice is K = 0, its
+  rounds up to the next probe decoded in one streamed call (``plain_rounds``; priced by
+  ``RoundCosts.plain_factor``).
 - alpha: the probability that the target accepts a draft token, taken as the same at every
   position (per-position alpha_i are accepted by :func:`expected_committed_tokens`).
 - E(K): expected committed tokens per round, accepted drafts plus the one token the target always
