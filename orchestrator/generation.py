@@ -254,8 +254,7 @@ class Generation:
         if rounds <= 0 or self.local_draft is None or not isinstance(self.policy, LookupChooser):
             return max(0, rounds)  # other policies verify up to their K of a lookup: none at K = 0
         found, _ = self.local_draft.lookup(self.committed, self._max_num_speculative_tokens())
-        model_draft = self.uses_model_draft and (self.replicas.has_draft or self.replicas.draft_attaching)
-        model_k = 0 if model_draft else None  # as _local_proposal asks the chooser at K = 0
+        model_k = self._model_k_beside(self.local_draft, 0, self._model_draft_in_reach())
         if found.token_ids and self.policy.choose_lookup(found.match_lengths, model_k):
             return 0
         return min(rounds, LOOKUP_PLAIN_STEPS)
@@ -385,7 +384,7 @@ class Generation:
         token's match length). The orchestrator's lookup answers first (it costs next to nothing);
         without its tokens, hybrid's model draft proposes K (its first Prefill sent only then), and
         a lookup draft alone runs the round at K = 0."""
-        model_draft = self.replicas.has_draft or self.replicas.draft_attaching
+        model_draft = self._model_draft_in_reach()
         if self.local_draft is not None:
             reply = self._local_proposal(self.local_draft, num_speculative_tokens, max_num_speculative_tokens,
                                          model_draft)
@@ -397,6 +396,16 @@ class Generation:
                 return await self._replica_proposal(num_speculative_tokens, max_num_speculative_tokens)
         return None, ""  # (a draft whose prefill failed: K = 0 until it is reattached)
 
+    def _model_draft_in_reach(self) -> bool:
+        """Whether a model draft replica holds this session, or is being given it."""
+        return self.replicas.has_draft or self.replicas.draft_attaching
+
+    @staticmethod
+    def _model_k_beside(local_draft: LocalDraft, num_speculative_tokens: int, model_draft: bool) -> int | None:
+        """The model draft's K that a lookup's proposal competes with (the chooser's second
+        argument): the round's K under hybrid with a model draft in reach, else None."""
+        return num_speculative_tokens if local_draft.uses_model and model_draft else None
+
     def _local_proposal(self, local_draft: LocalDraft, num_speculative_tokens: int, max_num_speculative_tokens: int,
                         model_draft: bool) -> Reply[Proposal] | None:
         """The lookup's proposal, or None to go without it. The adaptive controller, asked after
@@ -407,7 +416,7 @@ class Generation:
         found, seconds = local_draft.lookup(self.committed, asked)
         self.stats.draft_seconds += seconds  # no hop: no call for the observer either
         if chooser is not None:
-            model_k = num_speculative_tokens if local_draft.uses_model and model_draft else None
+            model_k = self._model_k_beside(local_draft, num_speculative_tokens, model_draft)
             taken = found.first(chooser.choose_lookup(found.match_lengths, model_k))
         else:
             taken = found if local_draft.takes(found) or not model_draft else NO_LOOKUP

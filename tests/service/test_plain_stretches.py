@@ -7,6 +7,8 @@ whose drafts are almost all rejected, so the controller leaves drafting early.""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -28,19 +30,27 @@ def expected(reference_target):
     return output[0, len(PROMPT):].tolist()
 
 
-def _stretches(stats) -> tuple[list[int], int]:
-    """(K of each round, K = 0 rounds that a Decode ran): a Decode's tokens are K = 0 rounds too."""
-    ks = list(stats.num_speculative_tokens_per_round)
-    return ks, stats.decode_calls
+@contextmanager
+def _far_draft_stack(loop_thread, tiny_pair, method: str):
+    """The tiny target with the unrelated draft (method: model or hybrid); yields
+    generate(speculation, max_new_tokens) -> (tokens, stats)."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, method))
+
+    def generate(speculation: Speculation, max_new_tokens: int = MAX_NEW_TOKENS):
+        return loop_thread.run(_generate(running.service, PROMPT, speculation=speculation,
+                                         max_new_tokens=max_new_tokens))
+
+    try:
+        yield generate
+    finally:
+        loop_thread.run(running.stop())
 
 
 def test_a_session_at_k0_decodes_its_rounds_in_stretches(loop_thread, tiny_pair, expected):
-    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
-    try:
-        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
-                                                  max_new_tokens=MAX_NEW_TOKENS))
+    with _far_draft_stack(loop_thread, tiny_pair, "model") as generate:
+        tokens, stats = generate(ADAPTIVE)
         assert tokens == expected
-        ks, decode_calls = _stretches(stats)
+        ks, decode_calls = list(stats.num_speculative_tokens_per_round), stats.decode_calls
         assert len(ks) == stats.generated_tokens - 1 == MAX_NEW_TOKENS - 1
         # It drafted first (the prior's alpha), gave up on the far draft, then decoded in calls
         # of many rounds each instead of a target call per round.
@@ -53,8 +63,6 @@ def test_a_session_at_k0_decodes_its_rounds_in_stretches(loop_thread, tiny_pair,
         # The controller learned the stretches' pace against its K = 0 Verify round's.
         factor = stats.controller_estimates["plain_factor"]
         assert PLAIN_FACTOR_RANGE[0] <= factor <= PLAIN_FACTOR_RANGE[1]
-    finally:
-        loop_thread.run(running.stop())
 
 
 @pytest.mark.parametrize("method", ["model", "hybrid"])
@@ -63,23 +71,17 @@ def test_fixed_k_decodes_at_k0_only(loop_thread, tiny_pair, expected, method):
     verified at K = 0, so none is asked); a fixed K > 0 never decodes."""
     from specdec.protocol import MAX_DECODE_STEPS
 
-    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, method))
-    try:
-        zero = Speculation(mode="fixed", num_speculative_tokens=0)
-        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=zero,
-                                                  max_new_tokens=MAX_NEW_TOKENS))
+    with _far_draft_stack(loop_thread, tiny_pair, method) as generate:
+        tokens, stats = generate(Speculation(mode="fixed", num_speculative_tokens=0))
         assert tokens == expected
-        ks, decode_calls = _stretches(stats)
+        ks = list(stats.num_speculative_tokens_per_round)
         assert ks == [0] * (MAX_NEW_TOKENS - 1) and stats.decoded_tokens == MAX_NEW_TOKENS - 1
-        assert decode_calls == -(-(MAX_NEW_TOKENS - 1) // MAX_DECODE_STEPS)
-        two = Speculation(mode="fixed", num_speculative_tokens=2)
-        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=two, max_new_tokens=48))
+        assert stats.decode_calls == -(-(MAX_NEW_TOKENS - 1) // MAX_DECODE_STEPS)
+        tokens, stats = generate(Speculation(mode="fixed", num_speculative_tokens=2), max_new_tokens=48)
         assert tokens == expected[:48]
         assert stats.decode_calls == 0
         # Only the last round, with one token left, runs at K = 0.
         assert all(k > 0 for k in stats.num_speculative_tokens_per_round[:-1])
-    finally:
-        loop_thread.run(running.stop())
 
 
 def test_hybrid_stretches_are_short_and_the_lookup_still_proposes(loop_thread, tiny_pair, expected):
@@ -88,16 +90,12 @@ def test_hybrid_stretches_are_short_and_the_lookup_still_proposes(loop_thread, t
     draft sits at K = 0."""
     from orchestrator.generation import LOOKUP_PLAIN_STEPS
 
-    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "hybrid"))
-    try:
-        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
-                                                  max_new_tokens=MAX_NEW_TOKENS))
+    with _far_draft_stack(loop_thread, tiny_pair, "hybrid") as generate:
+        tokens, stats = generate(ADAPTIVE)
         assert tokens == expected
-        ks, decode_calls = _stretches(stats)
+        ks, decode_calls = list(stats.num_speculative_tokens_per_round), stats.decode_calls
         assert decode_calls >= 1
         assert decode_calls <= stats.decoded_tokens <= ks.count(0)  # a stretch is K = 0 rounds
         # No stretch longer than LOOKUP_PLAIN_STEPS.
         assert stats.decoded_tokens <= decode_calls * LOOKUP_PLAIN_STEPS, ks
         assert stats.drafted_by_method.get("suffix", 0) > 0
-    finally:
-        loop_thread.run(running.stop())
