@@ -420,9 +420,16 @@ class AdaptiveKController:
     def plain_rounds(self) -> int:
         """K = 0 rounds up to the next probe while the choice is K = 0 (PlainStretches): nothing
         else changes the choice without a round's measurements. 0 while drafting, with a probe
-        due, or when pipelining may draft ahead where plain rounds would not."""
-        if self._num_speculative_tokens != 0 or self._ahead is not None:
+        due, or under pipelining auto when drafting ahead beats those rounds (it may pay where
+        plain drafting does not)."""
+        if self._num_speculative_tokens != 0:
             return 0
+        if self._ahead is not None:
+            costs = self._costs()
+            if costs is not None and self._ahead.drafts_ahead(self._alpha.alpha, costs,
+                                                              self._config.max_num_speculative_tokens,
+                                                              self._max_fanout):
+                return 0
         return max(0, self._probe_interval - self._rounds_since_probe)
 
     def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
@@ -627,8 +634,6 @@ class AdaptiveKController:
         # pass their rows move it across those steps from round to round, so the line alone.
         verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
         costs = RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
-        if self._ahead is not None:
-            return costs  # drafting ahead: K = 0 rounds are Verify rounds
         # K = 0 rounds are decoded in one call: at their measured pace, or until it is measured, at
         # the K = 0 round with its target hop paid once per stretch (to the next probe)
         plain = self._plain_factor.value

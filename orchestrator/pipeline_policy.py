@@ -787,13 +787,7 @@ class PipelineController:
         """(K, f) for the next round, K in 0..max_k, f in 0..max_fanout (0 when K = 0). Call once
         per round: it also schedules the refresh and probe rounds."""
         cfg = self._config
-        times = self.times(alpha, costs, max_num_speculative_tokens, max_fanout)
-        best = choose_from_table(times, cfg.margin, cfg.fanout_tolerance)
-        current = self._choice
-        if (current is not None and current != best and current[0] < len(times)
-                and current[1] < len(times[0])
-                and times[best[0]][best[1]] >= times[current[0]][current[1]] * (1.0 - cfg.hysteresis)):
-            best = current
+        best = self._best(alpha, costs, max_num_speculative_tokens, max_fanout)
         if self._probing:  # the probe round just run: did it turn pipelining on?
             self._probing = False
             self._probes.probed(turned_on=best[1] > 0)
@@ -811,6 +805,25 @@ class PipelineController:
         self._rounds_in_mode = self._rounds_in_mode + 1 if ahead == was_ahead else 1
         self._returned = (num, fanout)
         return self._returned
+
+    def drafts_ahead(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
+                     max_fanout: int) -> bool:
+        """Whether choose() would now pick a fan-out above 0, with its hysteresis; nothing is
+        scheduled (the K controller asks before committing to K = 0 rounds decoded in one call)."""
+        return self._best(alpha, costs, max_num_speculative_tokens, max_fanout)[1] > 0
+
+    def _best(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
+              max_fanout: int) -> tuple[int, int]:
+        """The best (K, f), kept at the current choice unless another beats it by the hysteresis."""
+        cfg = self._config
+        times = self.times(alpha, costs, max_num_speculative_tokens, max_fanout)
+        best = choose_from_table(times, cfg.margin, cfg.fanout_tolerance)
+        current = self._choice
+        if (current is not None and current != best and current[0] < len(times)
+                and current[1] < len(times[0])
+                and times[best[0]][best[1]] >= times[current[0]][current[1]] * (1.0 - cfg.hysteresis)):
+            best = current
+        return best
 
     # -- observations ----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from orchestrator.k_controller import (
 )
 from orchestrator.k_estimates import ControllerPriors, PriorEstimates
 from orchestrator.k_policy import PlainStretches
+from orchestrator.pipeline_policy import PipelinePriorEstimates, PipelinePriors
 from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play, slow_draft_hop
 
 
@@ -55,15 +56,41 @@ def test_the_adaptive_controller_is_a_plain_stretches_policy() -> None:
     assert isinstance(AdaptiveKController(), PlainStretches)
 
 
-def test_no_stretch_while_drafting_or_when_pipelining_may_draft_ahead() -> None:
+def test_no_stretch_while_drafting() -> None:
     controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
     assert controller.plain_rounds() == 0  # it starts at its initial K
     play(controller, SimulatedServices(0), Conditions(alpha=0.9), 50)
     assert controller.plain_rounds() == 0
-    ahead = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
-    ahead.pipeline(max_fanout=3)  # auto: drafting ahead may pay where a plain round does not
-    play(ahead, SimulatedServices(1), slow_draft_hop(), 200)
-    assert ahead.plain_rounds() == 0
+
+
+def draft_hop_world() -> Conditions:
+    """A 20 ms draft hop: plain drafting does not pay for it, drafting ahead can (a hit skips it)."""
+    return Conditions(alpha=0.5, t_draft=0.003, verify_a=0.020, verify_b=0.0005, rtt_draft=0.020,
+                      rtt_target=0.010, decodes=True)
+
+
+def test_pipelining_auto_stretches_where_drafting_ahead_does_not_pay_either() -> None:
+    world = draft_hop_world()
+    assert best_k(world.alpha, world.costs(), K_MAX) == 0
+    # The default pair's candidate ranks: a hit too rare to pay for the misses' hops.
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
+    controller.pipeline(max_fanout=3)
+    ks = play(controller, SimulatedServices(1), world, 200)
+    assert ks[-40:] == [0] * 40
+    assert controller.plain_rounds() > 0 and controller.planned_fanout == 0
+
+
+def test_pipelining_auto_keeps_its_rounds_where_drafting_ahead_pays() -> None:
+    """Where the draft's top candidates nearly always hold the target's token, a hit round is the
+    target's hop and pass alone: drafting ahead beats K = 0 even decoded in one call."""
+    world = draft_hop_world()
+    sure = PipelinePriorEstimates(c_bonus=(0.97, 0.98, 0.99), c_corr=(0.97, 0.98, 0.99))
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
+    controller.pipeline(max_fanout=3, priors=PipelinePriors(initial=sure))
+    ks = play(controller, SimulatedServices(1), world, 200)
+    assert all(k > 0 for k in ks[-40:])
+    assert controller.plain_rounds() == 0
+    assert controller.choose(K_MAX) > 0 and controller.planned_fanout > 0
 
 
 def test_stretches_run_to_the_probes_which_back_off_as_per_round() -> None:
