@@ -27,6 +27,9 @@ from specdec.sampling import (
     SamplingParams,
     draft_distribution,
     keyed_uniform,
+    process_logits,
+    round_uniform,
+    sample_categorical,
     sample_sparse,
 )
 
@@ -153,6 +156,24 @@ class DraftEngine:
 def top_candidates(logits: torch.Tensor) -> list[int]:
     """The NUM_CANDIDATES most likely ids under `logits`, best first."""
     return logits.topk(min(NUM_CANDIDATES, logits.shape[-1])).indices.tolist()
+
+
+def bonus_candidates(logits: torch.Tensor, sampling: SamplingParams, round_start: int) -> list[int]:
+    """The draft's candidates for a round's bonus token (every draft accepted), best first, from
+    its logits at the bonus position; round_start: the committed length before the round.
+
+    Greedy, its most likely ids. Sampled, first the token the draft's own distribution gives at the
+    uniform the target draws the bonus with (sampling.round_uniform), by the target's procedure
+    (inverse CDF in token-id order): a coupled guess. Where the two distributions are close, the
+    two draws at one uniform mostly land on the same token, far more often than the target's
+    sampled token is the draft's most likely one."""
+    top = top_candidates(logits)
+    if sampling.greedy:
+        return top
+    probs = process_logits(logits, sampling).unsqueeze(0)  # (1, V)
+    uniform = torch.tensor([round_uniform(sampling.seed, round_start)], dtype=torch.float64)
+    coupled = int(sample_categorical(probs, uniform)[0])
+    return [coupled, *(token for token in top if token != coupled)][:NUM_CANDIDATES]
 
 
 def _last(state: DraftSessionState) -> Drafted:

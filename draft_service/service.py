@@ -12,7 +12,7 @@ from draft_service.engine import (
     NUM_CANDIDATES,
     DraftEngine,
     DraftSessionState,
-    top_candidates,
+    bonus_candidates,
 )
 from specdec.errors import InvalidInput, OutOfRange, Overloaded
 from specdec.models import LoadedModel
@@ -84,7 +84,8 @@ class DraftService(SessionService[DraftSessionState]):
                           branch_num_speculative_tokens: int) -> tuple[DraftedAhead, Timing]:
         """Branches for the outcomes of the proposal `handle` was answered with: for j = 0 .. K,
         "j drafts accepted, then t", t among the draft's top `fanout` candidates there (d(j+1)
-        itself excluded: a rejected draft is never the correction), each with up to
+        itself excluded: a rejected draft is never the correction; at the bonus position, sampled,
+        first the draft's draw coupled to the target's: bonus_candidates), each with up to
         branch_num_speculative_tokens drafts. Their jobs are batched into the same passes."""
         started = time.perf_counter()
 
@@ -110,7 +111,7 @@ class DraftService(SessionService[DraftSessionState]):
             bonus_cache, bonus_logits = bonus.value
             candidates = [[t for t in drafted.candidates[j] if t != drafted.token_ids[j]]
                           for j in range(num_speculative_tokens)]
-            candidates.append(top_candidates(bonus_logits))
+            candidates.append(bonus_candidates(bonus_logits, state.sampling, round_start=len(state.committed)))
             outcomes = [(j, t) for j, tokens in enumerate(candidates) for t in tokens[:fanout]]
 
             def job(j: int, t: int):

@@ -228,6 +228,13 @@ def verify_sampled_one(
     )
 
 
+def round_uniform(seed: int, round_start: int) -> float:
+    """The uniform that draws a round's final token (its correction or bonus): one per round, keyed
+    by where the round starts (the committed length before it). A draft guessing the round's
+    outcome draws its own bonus candidate with it (draft_service.engine.bonus_candidates)."""
+    return keyed_uniform(seed, round_start, "target")
+
+
 def keyed_uniform(seed: int, position: int, role: str) -> float:
     """A uniform in [0, 1) determined by (seed, position, role) alone.
 

@@ -23,6 +23,7 @@ from specdec.sampling import (
     VerifyOutcome,
     keyed_uniform,
     process_logits,
+    round_uniform,
     sample_categorical,
     sparse_to_dense,
     verify_greedy,
@@ -92,8 +93,7 @@ class TargetEngine:
                     [keyed_uniform(sampling.seed, committed + i, "accept") for i in range(num_speculative_tokens)],
                     dtype=torch.float64,
                 ),
-                # One final draw per round, keyed by where the round starts.
-                final_uniform=keyed_uniform(sampling.seed, committed, "target"),
+                final_uniform=round_uniform(sampling.seed, committed),
             )
         state.cache.truncate(committed + outcome.num_accepted)
         state.last_token_id = outcome.next_token_id

@@ -97,3 +97,25 @@ def test_auto_pipelining_under_adaptive_k_keeps_greedy_output_exact(stack, refer
         assert tokens == expected
         if last.stats.rounds:
             assert "pipeline_hit_rate" in last.stats.controller_estimates, dict(last.stats.controller_estimates)
+
+
+def test_sampled_bonus_is_always_a_hit_when_the_draft_is_the_target(stack_same):
+    """Sampled, the bonus token is drawn from the target's distribution at the round's uniform.
+    The draft's first bonus candidate is its own draw at that uniform: with the draft the target,
+    every round that accepts all its drafts is followed by a hit, even at fan-out 1 (the target's
+    sampled token is seldom its most likely one on the tiny random pair)."""
+    sampling = common_pb2.SamplingParams(temperature=1.0, seed=5)
+    bonus_rounds = 0
+    for prompt in _prompts(6):
+        plain, _, _ = generate(stack_same.address, _request(prompt, 2, pb.PIPELINE_MODE_OFF, sampling=sampling))
+        ahead, _, last = generate(stack_same.address, _request(prompt, 2, pb.PIPELINE_MODE_ON, 1, sampling=sampling))
+        assert ahead == plain
+        stats = last.stats
+        ks, accepted = list(stats.num_speculative_tokens_per_round), list(stats.num_accepted_per_round)
+        # A round that accepted all its drafts and has a drafted round after it: that one's
+        # proposal came from the bonus branch.
+        followed = sum(1 for index in range(len(ks) - 1) if ks[index] > 0 and accepted[index] == ks[index]
+                       and ks[index + 1] > 0)
+        assert stats.pipeline_hits >= followed, stats
+        bonus_rounds += followed
+    assert bonus_rounds >= 5
