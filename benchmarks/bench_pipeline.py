@@ -464,6 +464,8 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
         "re_prefills": stats.re_prefills,
         "finish_reason": pb.FinishReason.Name(result.finish_reason),
         "output_digest": result.output_digest,
+        # the controller's figures at the request's end (alpha, timings, K, pipelining's estimates)
+        "controller_estimates": dict(stats.controller_estimates),
     }
 
 

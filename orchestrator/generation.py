@@ -278,7 +278,7 @@ class Generation:
             steps = self._guarded_steps()
         self.stats.decode_calls += 1
         steps = max(1, min(steps, MAX_DECODE_STEPS, remaining, context_left))
-        return self._counted(self.replicas.decode(self.committed, steps), observed=plain_rounds > 0)
+        return self._counted(self.replicas.decode(self.committed, steps), planned=plain_rounds)
 
     def _guarded_steps(self) -> int:
         """Tokens to decode under the guard: as many as fit before its answer may change (at the
@@ -289,10 +289,11 @@ class Generation:
         fit = self.guard.seconds_until_change() / self._decode_token_seconds  # inf: nothing due
         return max(1, int(min(MAX_DECODE_STEPS, fit)))
 
-    async def _counted(self, steps: AsyncIterator[tuple[int, ...]], observed: bool
+    async def _counted(self, steps: AsyncIterator[tuple[int, ...]], planned: int
                        ) -> AsyncIterator[tuple[int, ...]]:
-        """The Decode's tokens, each a K = 0 round in the stats; its pace per token after it,
-        told to the policy when the policy chose these rounds (observed)."""
+        """The Decode's tokens, each a K = 0 round in the stats; after it, told to the policy when
+        the policy chose these rounds (planned > 0 of them), with its pace per token if it ran
+        them all (a stretch cut short by the request's end or the guard is no stretch's pace)."""
         started, decoded = time.perf_counter(), 0
         try:
             async for tokens in steps:
@@ -305,8 +306,9 @@ class Generation:
             await steps.aclose()
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
-                if observed and isinstance(self.policy, PlainStretches):
-                    self.policy.observe_plain(decoded, self._decode_token_seconds)
+                if planned > 0 and isinstance(self.policy, PlainStretches):
+                    pace = self._decode_token_seconds if decoded >= planned else None
+                    self.policy.observe_plain(decoded, pace)
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
         """Last round's branch for the outcome it had, if there is one and this round drafts."""

@@ -403,7 +403,14 @@ class AdaptiveKController:
         max_num_speculative_tokens = min(max_num_speculative_tokens, self._config.max_num_speculative_tokens)
         self._planned_fanout = 0
         num_speculative_tokens = self._choose_plain(max_num_speculative_tokens)
-        if self._ahead is None or max_num_speculative_tokens <= 0 or self._probe_outstanding:
+        if self._ahead is None or max_num_speculative_tokens <= 0:
+            return num_speculative_tokens
+        if self._probe_outstanding:
+            # A probe from K = 0 drafts ahead at fan-out 1: besides alpha it measures how often the
+            # draft's candidates hold the target's token (all its candidates are ranked, whatever
+            # the fan-out), which weighing drafting ahead against K = 0 needs; at K = 0 nothing
+            # else measures it.
+            self._planned_fanout = min(1, self._max_fanout)
             return num_speculative_tokens
         costs = self._costs()
         if costs is None:
@@ -421,9 +428,11 @@ class AdaptiveKController:
         """K = 0 rounds up to the next probe while the choice is K = 0 (PlainStretches): nothing
         else changes the choice without a round's measurements. 0 while drafting, with a probe
         due, or under pipelining auto when drafting ahead beats those rounds (it may pay where
-        plain drafting does not)."""
+        plain drafting does not) or has not been measured yet (PipelineConfig.measured_outcomes)."""
         if self._num_speculative_tokens != 0:
             return 0
+        if self._ahead is not None and not self._ahead.ranks_measured:
+            return 0  # K = 0 priced as Verify rounds: run as such
         if self._ahead is not None:
             costs = self._costs()
             if costs is not None and self._ahead.drafts_ahead(self._alpha.alpha, costs,
@@ -432,10 +441,12 @@ class AdaptiveKController:
                 return 0
         return max(0, self._probe_interval - self._rounds_since_probe)
 
-    def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
+    def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
         """K = 0 rounds run as one Decode: the draft owes them as catch-up, they count towards the
         next probe, and their pace, over what a K = 0 Verify round is predicted to take, prices
-        K = 0 from now on (RoundCosts.plain_factor)."""
+        K = 0 from now on (RoundCosts.plain_factor); a stretch cut short (None) teaches no pace:
+        its round trip is spread over fewer tokens than a stretch's (a request that ends after
+        one token would price K = 0 at a whole round trip per token)."""
         if rounds <= 0:
             return
         base = self._base_costs()
@@ -443,7 +454,7 @@ class AdaptiveKController:
         self._pending_catchup_tokens += rounds
         if self._num_speculative_tokens == 0:
             self._rounds_since_probe += rounds
-        if base is not None and seconds_per_token > 0:
+        if base is not None and seconds_per_token is not None and seconds_per_token > 0:
             predicted = round_time(0, replace(base, plain_factor=None))
             if predicted > 0:
                 factor = min(PLAIN_FACTOR_RANGE[1], max(PLAIN_FACTOR_RANGE[0], seconds_per_token / predicted))
@@ -634,6 +645,8 @@ class AdaptiveKController:
         # pass their rows move it across those steps from round to round, so the line alone.
         verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
         costs = RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
+        if self._ahead is not None and not self._ahead.ranks_measured:
+            return costs  # K = 0 as Verify rounds until drafting ahead is measured (PipelineConfig)
         # K = 0 rounds are decoded in one call: at their measured pace, or until it is measured, at
         # the K = 0 round with its target hop paid once per stretch (to the next probe)
         plain = self._plain_factor.value

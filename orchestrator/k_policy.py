@@ -105,8 +105,11 @@ class PlainStretches(Protocol):
     def plain_rounds(self) -> int:
         """K = 0 rounds this policy commits to from now on, whatever they commit; 0: ask choose()."""
 
-    def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
-        """Record K = 0 rounds run as one Decode, at seconds_per_token of the call's wall time."""
+    def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
+        """Record K = 0 rounds run as one Decode, at seconds_per_token of the call's wall time;
+        None when the call was cut short of the rounds plain_rounds() committed to (the request's
+        end, the context's, or the guard's): its round trip, spread over fewer tokens, is not the
+        pace of a stretch."""
 
 
 @dataclass
@@ -128,7 +131,7 @@ class FixedK:
         """K = 0 every round: as many as a Decode takes (PlainStretches); none at K > 0."""
         return MAX_DECODE_STEPS if self.num_speculative_tokens == 0 else 0
 
-    def observe_plain(self, rounds: int, seconds_per_token: float) -> None:
+    def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
         pass
 
 

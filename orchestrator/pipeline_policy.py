@@ -660,6 +660,17 @@ class PipelinePriors:
         self._current = initial if initial is not None else PipelinePriorEstimates()
         self._lock = threading.Lock()
         self._probes: ProbeSchedule | None = None
+        self._outcomes = 0  # drafted-ahead outcomes observed by the pool's sessions
+
+    def add_outcome(self) -> None:
+        with self._lock:
+            self._outcomes += 1
+
+    @property
+    def outcomes(self) -> int:
+        """Drafted-ahead outcomes (candidate ranks) the pool's sessions have observed."""
+        with self._lock:
+            return self._outcomes
 
     def probes(self, interval: int, max_interval: int) -> ProbeSchedule:
         """The pool's probe schedule (made with the first caller's intervals)."""
@@ -725,6 +736,11 @@ class PipelineConfig:
     # max) while probes leave pipelining off (0: never probe).
     probe_interval_rounds: int = 32
     probe_interval_max_rounds: int = 512
+    # Drafted-ahead outcomes (pool-wide with priors) before the candidate ranks count as measured.
+    # Until then the K controller prices K = 0 as a Verify round, not at its cheaper streamed pace,
+    # so that drafting ahead is tried where the prior ranks alone might rule it out: a draft much
+    # better than the default pair's is otherwise never found out (probes measure a rank a time).
+    measured_outcomes: int = 16
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -739,6 +755,7 @@ class PipelineConfig:
         check(self.refresh_interval_rounds >= 0, "refresh_interval_rounds must be >= 0")
         check(self.probe_interval_rounds >= 0, "probe_interval_rounds must be >= 0")
         check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
+        check(self.measured_outcomes >= 0, "measured_outcomes must be >= 0")
 
 
 class PipelineController:
@@ -771,6 +788,14 @@ class PipelineController:
                         if priors is not None
                         else ProbeSchedule(cfg.probe_interval_rounds, cfg.probe_interval_max_rounds))
         self._probing = False
+        self._outcomes = 0  # this session's drafted-ahead outcomes
+
+    @property
+    def ranks_measured(self) -> bool:
+        """Whether enough drafted-ahead outcomes were observed (by the pool, with priors) for the
+        candidate ranks to stand on measurement rather than on the prior curves."""
+        observed = self._priors.outcomes if self._priors is not None else self._outcomes
+        return observed >= self._config.measured_outcomes
 
     # -- decisions -------------------------------------------------------------------------------
 
@@ -853,6 +878,9 @@ class PipelineController:
         draft excluded), None if not among them; `candidates` how many were returned; `fanout` the
         round's fan-out (a hit iff rank <= fanout)."""
         self.ranks.update(bonus, rank, candidates)
+        self._outcomes += 1
+        if self._priors is not None:
+            self._priors.add_outcome()
         if fanout > 0:
             self._observed_hits.update(1.0 if rank is not None and rank <= fanout else 0.0,
                                        self.ranks.bonus_samples + self.ranks.corr_samples)

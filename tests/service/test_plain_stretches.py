@@ -99,3 +99,24 @@ def test_hybrid_stretches_are_short_and_the_lookup_still_proposes(loop_thread, t
         # No stretch longer than LOOKUP_PLAIN_STEPS.
         assert stats.decoded_tokens <= decode_calls * LOOKUP_PLAIN_STEPS, ks
         assert stats.drafted_by_method.get("suffix", 0) > 0
+
+
+def test_a_stretch_cut_short_by_the_request_end_teaches_no_pace(loop_thread, tiny_pair, expected):
+    """The pace of a stretch cut short (here by max_new_tokens) is its round trip spread over a few
+    tokens, not K = 0's: it must not reach the pool's plain_factor."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+    try:
+        priors = running.service.controller_priors["greedy"]
+        tokens, _ = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
+                                              max_new_tokens=MAX_NEW_TOKENS))
+        assert tokens == expected
+        learned = priors.snapshot().plain_factor
+        assert learned is not None  # full stretches taught it
+        for max_new_tokens in (4, 7, 11):  # each ends inside its session's first stretch
+            tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
+                                                      max_new_tokens=max_new_tokens))
+            assert tokens == expected[:max_new_tokens]
+            assert stats.decoded_tokens > 0, list(stats.num_speculative_tokens_per_round)
+            assert priors.snapshot().plain_factor == learned
+    finally:
+        loop_thread.run(running.stop())

@@ -17,7 +17,7 @@ from orchestrator.k_controller import (
 )
 from orchestrator.k_estimates import ControllerPriors, PriorEstimates
 from orchestrator.k_policy import PlainStretches
-from orchestrator.pipeline_policy import PipelinePriorEstimates, PipelinePriors
+from orchestrator.pipeline_policy import PipelineConfig, PipelinePriorEstimates, PipelinePriors
 from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play, slow_draft_hop
 
 
@@ -69,15 +69,54 @@ def draft_hop_world() -> Conditions:
                       rtt_target=0.010, decodes=True)
 
 
+def measured(priors: PipelinePriors) -> PipelinePriors:
+    """A pool whose sessions have drafted ahead often enough for its candidate ranks to count as
+    measured (their curves stay what the priors say: play() drafts no branches)."""
+    for _ in range(PipelineConfig().measured_outcomes):
+        priors.add_outcome()
+    return priors
+
+
+def auto_controller(priors: PipelinePriors) -> AdaptiveKController:
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
+    controller.pipeline(max_fanout=3, priors=priors)
+    return controller
+
+
 def test_pipelining_auto_stretches_where_drafting_ahead_does_not_pay_either() -> None:
     world = draft_hop_world()
     assert best_k(world.alpha, world.costs(), K_MAX) == 0
     # The default pair's candidate ranks: a hit too rare to pay for the misses' hops.
-    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
-    controller.pipeline(max_fanout=3)
+    controller = auto_controller(measured(PipelinePriors()))
     ks = play(controller, SimulatedServices(1), world, 200)
     assert ks[-40:] == [0] * 40
-    assert controller.plain_rounds() > 0 and controller.planned_fanout == 0
+    assert controller.plain_rounds() > 0
+
+
+def test_pipelining_auto_does_not_stretch_before_drafting_ahead_is_measured() -> None:
+    """Until the pool has seen enough drafted-ahead outcomes, K = 0 is priced and run as Verify
+    rounds: the prior ranks alone must not rule drafting ahead out against cheap stretches."""
+    world = draft_hop_world()
+    priors = PipelinePriors()
+    controller = auto_controller(priors)
+    ks = play(controller, SimulatedServices(1), world, 200)
+    assert ks[-40:] == [0] * 40  # at K = 0, one Verify round at a time
+    assert controller.plain_rounds() == 0
+    measured(priors)
+    assert controller.plain_rounds() > 0
+
+
+def test_pipelining_auto_probes_from_k0_draft_ahead() -> None:
+    """At K = 0 under pipelining auto the probes draft ahead at fan-out 1, so that the candidate
+    ranks that price drafting ahead against K = 0 are measured there too."""
+    controller = auto_controller(measured(PipelinePriors()))
+    play(controller, SimulatedServices(1), draft_hop_world(), 200)
+    stretch = controller.plain_rounds()
+    assert stretch > 0
+    controller.observe_plain(stretch, draft_hop_world().plain_pace(stretch))
+    assert controller.plain_rounds() == 0  # the probe is due
+    assert controller.choose(K_MAX) == KControllerConfig().probe_num_speculative_tokens
+    assert controller.planned_fanout == 1
 
 
 def test_pipelining_auto_keeps_its_rounds_where_drafting_ahead_pays() -> None:
@@ -85,8 +124,7 @@ def test_pipelining_auto_keeps_its_rounds_where_drafting_ahead_pays() -> None:
     target's hop and pass alone: drafting ahead beats K = 0 even decoded in one call."""
     world = draft_hop_world()
     sure = PipelinePriorEstimates(c_bonus=(0.97, 0.98, 0.99), c_corr=(0.97, 0.98, 0.99))
-    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
-    controller.pipeline(max_fanout=3, priors=PipelinePriors(initial=sure))
+    controller = auto_controller(measured(PipelinePriors(initial=sure)))
     ks = play(controller, SimulatedServices(1), world, 200)
     assert all(k > 0 for k in ks[-40:])
     assert controller.plain_rounds() == 0
@@ -159,6 +197,11 @@ def test_observed_stretches_teach_the_pool_their_pace_and_owe_the_draft_its_toke
     factor = controller.estimates()["plain_factor"]
     assert factor < earlier - 0.04  # an EWMA: a step of at least its weight towards 0.5
     assert factor < priors.snapshot().plain_factor < pooled
+    # A stretch cut short (no pace) still counts its rounds, but prices nothing.
+    before = controller.plain_rounds()
+    controller.observe_plain(2, None)
+    assert controller.plain_rounds() == before - 2
+    assert controller.estimates()["plain_factor"] == factor
     # A pace far outside the range is taken as its bound, not as K = 0's price.
     for _ in range(50):
         controller.observe_plain(1, 1000.0 * verify_round)
