@@ -57,8 +57,9 @@ The controller switches only when the new K beats the current one by a margin (h
 K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
 keep losing (the probes are also how K comes back when the load drops and alpha is stale). Two
 kinds of optimism keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an
-alpha one posterior sd higher (at K = 0 alpha is no longer observed), and row counts little
-measured are taken as a little cheaper than predicted, so that a K whose cost the line misjudges
+alpha one posterior sd higher (at K = 0 alpha is no longer observed; not where drafting at the
+estimate loses more than optimism_max_loss per token: the probes explore there), and row counts
+little measured are taken as a little cheaper than predicted, so that a K whose cost the line misjudges
 gets tried once. Once others share the pass (R_others rounds to 1 or more) the prediction is the line
 alone, without per-row residuals or that optimism: the others' rows move the pass across the
 kernel steps from round to round, so a row count's residual there is mostly noise, and a
@@ -293,6 +294,10 @@ class KControllerConfig:
     # one fully accepted round of K = 3 put a new session's alpha near 0.9 and K at 8
     zero_k_optimism: float = 1.0  # K = 0 only if it also wins at alpha + this many posterior sd:
     # K = 0 stops measuring alpha, so leaving drafting on a few unlucky rounds is the costly mistake
+    optimism_max_loss: float = 0.2  # ... but only while drafting at the estimate costs at most this
+    # fraction more per token than K = 0: the optimism is exploration paid for in rounds drafted at
+    # a loss, and where each such round loses more (a hop dearer than the target's pass), the
+    # probes measure acceptance more cheaply
     acceptance_decay: float = 0.99  # fraction of acceptance counts kept per round
     timing_weight: float = 0.1  # EWMA weight of a new t_draft / t_feed / RTT sample
     prior_timing_samples: float = 1.0  # pseudo-samples behind a pool prior's timing figure
@@ -324,6 +329,7 @@ class KControllerConfig:
         check(self.prior_alpha_strength >= 0.0, "prior_alpha_strength must be >= 0")
         check(self.pool_alpha_strength >= 0.0, "pool_alpha_strength must be >= 0")
         check(self.zero_k_optimism >= 0.0, "zero_k_optimism must be >= 0")
+        check(self.optimism_max_loss >= 0.0, "optimism_max_loss must be >= 0")
         check(0.0 < self.acceptance_decay <= 1.0, "acceptance_decay must be in (0, 1]")
         check(0.0 < self.timing_weight <= 1.0, "timing_weight must be in (0, 1]")
         check(self.prior_timing_samples >= 0.0, "prior_timing_samples must be >= 0")
@@ -699,7 +705,8 @@ class AdaptiveKController:
         """Seconds per token (1 / G) for K = 0..max_num_speculative_tokens. Alone, verify times of
         little-measured row counts are taken optimistically. K = 0 is ruled out (infinite) while
         an optimistic alpha, zero_k_optimism posterior sd above the estimate, would still draft,
-        unless no K > 0 gains the system anything at the estimate itself."""
+        unless drafting at the estimate itself gains the system nothing or costs more than
+        optimism_max_loss over K = 0 per token."""
         cfg = self._config
         alpha = self._alpha.alpha
         if costs.others_rows == 0:
@@ -708,8 +715,10 @@ class AdaptiveKController:
             costs = replace(costs, verify_fn=lambda rows: verify[rows - 1])
         times = [seconds_per_token(alpha, num, costs) for num in range(cfg.max_num_speculative_tokens + 1)]
         optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)
-        drafting_can_gain = any(math.isfinite(seconds) for seconds in times[1:])
-        if drafting_can_gain and best_k(optimistic_alpha, costs, cfg.max_num_speculative_tokens) > 0:
+        # inf: drafting gains the system nothing at the estimate
+        drafting_loss = min(times[1:]) / times[0] - 1.0 if times[0] > 0 else 0.0
+        if (drafting_loss <= cfg.optimism_max_loss
+                and best_k(optimistic_alpha, costs, cfg.max_num_speculative_tokens) > 0):
             times[0] = math.inf
         return times
 

@@ -448,6 +448,32 @@ def test_a_newcomer_is_not_held_at_k0_by_earlier_prompts_acceptance() -> None:
     assert newcomer.estimates()["probe_interval_rounds"] > config.probe_interval_rounds
 
 
+def test_no_optimism_where_drafting_at_the_estimate_loses_much() -> None:
+    """A 10 ms hop on each side of a GPU-like target (10 ms a pass): drafting pays only near
+    alpha = 0.9. A newcomer whose pool says 0.7 (4 pseudo-trials, sd 0.2) would draft on the
+    optimistic alpha; but at the estimate drafting costs far more than 20 % per token over K = 0,
+    so it stays at K = 0 and lets its probes measure the prompt."""
+    world = Conditions(alpha=0.7, t_draft=0.002, verify_a=0.010, verify_b=0.0005, rtt_draft=0.010,
+                       rtt_target=0.010, decodes=True)
+    costs = world.costs()
+    assert best_k(0.7, costs, K_MAX) == 0 < best_k(0.9, costs, K_MAX)
+    at_estimate = [seconds_per_token(0.7, k, costs) for k in range(K_MAX + 1)]
+    assert min(at_estimate[1:]) > 1.2 * at_estimate[0]
+    pool = PriorEstimates(alpha=0.7, t_draft_per_token=world.t_draft, t_feed_per_token=world.t_feed,
+                          verify_a=world.verify_a, verify_b=world.verify_b, rtt_draft=world.rtt_draft,
+                          rtt_target=world.rtt_target, plain_factor=costs.plain_factor)
+
+    def newcomer(optimism_max_loss: float) -> AdaptiveKController:
+        config = KControllerConfig(max_num_speculative_tokens=K_MAX, optimism_max_loss=optimism_max_loss)
+        return AdaptiveKController(config, ControllerPriors(initial=pool))
+
+    assert newcomer(math.inf).choose(K_MAX) > 0  # unbounded, the optimism drafts
+    assert newcomer(0.2).choose(K_MAX) == 0
+    ks = play(newcomer(0.2), SimulatedServices(4), world, 40)
+    probe = KControllerConfig().probe_num_speculative_tokens
+    assert ks[:16] == [0] * 16 and ks[16] == probe, ks  # its first probe, on schedule
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -458,6 +484,7 @@ def test_a_newcomer_is_not_held_at_k0_by_earlier_prompts_acceptance() -> None:
         {"probe_interval_max_rounds": 1},
         {"prior_alpha": 1.0},
         {"pool_alpha_strength": -1.0},
+        {"optimism_max_loss": -0.1},
         {"acceptance_decay": 0.0},
         {"timing_weight": 1.5},
     ],

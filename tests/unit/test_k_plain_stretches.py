@@ -99,9 +99,9 @@ def test_pipelining_auto_does_not_stretch_before_drafting_ahead_is_measured() ->
     world = draft_hop_world()
     priors = PipelinePriors()
     controller = auto_controller(priors)
-    ks = play(controller, SimulatedServices(1), world, 200)
-    assert ks[-40:] == [0] * 40  # at K = 0, one Verify round at a time
-    assert controller.plain_rounds() == 0
+    play(controller, SimulatedServices(1), world, 200)
+    assert controller.estimates()["num_speculative_tokens"] == 0  # plain drafting does not pay
+    assert controller.plain_rounds() == 0  # yet no stretch: K = 0 runs as Verify rounds
     measured(priors)
     assert controller.plain_rounds() > 0
 
