@@ -437,9 +437,9 @@ class AdaptiveKController:
         plain drafting does not) or has not been measured yet (PipelineConfig.measured_outcomes)."""
         if self._num_speculative_tokens != 0:
             return 0
-        if self._ahead is not None and not self._ahead.ranks_measured:
-            return 0  # K = 0 priced as Verify rounds: run as such
         if self._ahead is not None:
+            if not self._ahead.ranks_measured:
+                return 0  # K = 0 priced as Verify rounds: run as such
             costs = self._costs()
             if costs is not None and self._ahead.drafts_ahead(self._alpha.alpha, costs,
                                                               self._config.max_num_speculative_tokens,
