@@ -278,7 +278,9 @@ class Generation:
             steps = self._guarded_steps()
         self.stats.decode_calls += 1
         steps = max(1, min(steps, MAX_DECODE_STEPS, remaining, context_left))
-        return self._counted(self.replicas.decode(self.committed, steps), planned=plain_rounds)
+        # A stretch longer than one call takes several: each call that runs all it may is a full one.
+        planned = min(plain_rounds, MAX_DECODE_STEPS)
+        return self._counted(self.replicas.decode(self.committed, steps), planned=planned)
 
     def _guarded_steps(self) -> int:
         """Tokens to decode under the guard: as many as fit before its answer may change (at the
@@ -292,8 +294,9 @@ class Generation:
     async def _counted(self, steps: AsyncIterator[tuple[int, ...]], planned: int
                        ) -> AsyncIterator[tuple[int, ...]]:
         """The Decode's tokens, each a K = 0 round in the stats; after it, told to the policy when
-        the policy chose these rounds (planned > 0 of them), with its pace per token if it ran
-        them all (a stretch cut short by the request's end or the guard is no stretch's pace)."""
+        the policy chose these rounds (planned > 0 of them, at most a call's), with its pace per
+        token if it ran them all (a stretch cut short by the request's end or the guard is no
+        stretch's pace)."""
         started, decoded = time.perf_counter(), 0
         try:
             async for tokens in steps:

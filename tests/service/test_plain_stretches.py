@@ -120,3 +120,30 @@ def test_a_stretch_cut_short_by_the_request_end_teaches_no_pace(loop_thread, tin
             assert priors.snapshot().plain_factor == learned
     finally:
         loop_thread.run(running.stop())
+
+
+def test_a_stretch_longer_than_one_decode_call_still_teaches_its_pace(loop_thread, tiny_pair, expected,
+                                                                      monkeypatch):
+    """Once the probes have backed off past MAX_DECODE_STEPS rounds, a stretch takes several Decode
+    calls of MAX_DECODE_STEPS tokens each: every such call ran all it could, so its pace counts."""
+    from orchestrator.k_controller import AdaptiveKController
+    from specdec.protocol import MAX_DECODE_STEPS
+
+    observed: list[tuple[int, float | None]] = []
+    original = AdaptiveKController.observe_plain
+
+    def recording(self, rounds, seconds_per_token):
+        observed.append((rounds, seconds_per_token))
+        original(self, rounds, seconds_per_token)
+
+    monkeypatch.setattr(AdaptiveKController, "observe_plain", recording)
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+    try:
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
+                                                  max_new_tokens=4 * MAX_DECODE_STEPS))
+        assert tokens[:MAX_NEW_TOKENS] == expected
+        whole_calls = [pace for rounds, pace in observed if rounds == MAX_DECODE_STEPS]
+        assert whole_calls, (observed, list(stats.num_speculative_tokens_per_round))
+        assert all(pace is not None and pace > 0 for pace in whole_calls), observed
+    finally:
+        loop_thread.run(running.stop())
