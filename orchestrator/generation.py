@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from orchestrator.clients import DraftClient, SpeculateCall, TargetClient
-from orchestrator.k_policy import KPolicy, LookupChooser, PlainStretches, RoundObservation
+from orchestrator.k_policy import KPolicy, LookupChooser, PlainStretches, RoundObservation, ShadowProbes
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
     NO_AHEAD,
@@ -81,6 +81,17 @@ class GenerationLimits:
     max_num_speculative_tokens: int
     eos_token_ids: frozenset[int]
     draft_retry_rounds: int = 8  # K = 0 rounds between attempts to get a draft back
+
+
+@dataclass
+class _ShadowProbe:
+    """A probe to run beside a stretch: its K, the length of C at which it is sent, and once sent,
+    the draft's Propose and the length of C it drafts from."""
+
+    num_speculative_tokens: int
+    launch_at: int
+    task: asyncio.Task[Reply[Proposal] | None] | None = None
+    start: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,23 +164,36 @@ class Generation:
             while chunk.finish_reason is None:
                 yield chunk
                 plain_rounds = 0
+                shadow: _ShadowProbe | None = None
                 if self._speculating():
                     plain_rounds = self._plain_rounds()
                     if plain_rounds == 0:
                         chunk = self._commit(await self._round())
                         continue
+                    shadow = self._take_shadow_probe(plain_rounds)
                 decoded: Chunk | None = None
                 decoding = self._decode(plain_rounds)
                 try:
+                    self._launch_shadow_probe(shadow)
                     async for tokens in decoding:
                         if decoded is not None:
                             yield decoded
                         decoded = self._commit(list(tokens))
                         if decoded.finish_reason is not None:
                             break
+                        self._launch_shadow_probe(shadow)
+                except BaseException:
+                    if shadow is not None and shadow.task is not None:
+                        shadow.task.cancel()
+                    raise
                 finally:
                     await decoding.aclose()  # a finished request cancels the rest of the call
                 chunk = decoded if decoded is not None else self._commit([])
+                if shadow is not None and shadow.task is not None:
+                    if chunk.finish_reason is None:
+                        await self._observe_shadow_probe(shadow)
+                    else:
+                        shadow.task.cancel()  # the request is over: nothing left to choose K for
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
             if self.guard is not None:
@@ -250,7 +274,7 @@ class Generation:
         LOOKUP_PLAIN_STEPS, so that it is asked again soon."""
         if not isinstance(self.policy, PlainStretches):
             return 0
-        rounds = self.policy.plain_rounds()
+        rounds = self.policy.plain_rounds(shadow=self._can_shadow_probe())
         if rounds <= 0 or self.local_draft is None or not isinstance(self.policy, LookupChooser):
             return max(0, rounds)  # other policies verify up to their K of a lookup: none at K = 0
         found, _ = self.local_draft.lookup(self.committed, self._max_num_speculative_tokens())
@@ -258,6 +282,72 @@ class Generation:
         if found.token_ids and self.policy.choose_lookup(found.match_lengths, model_k):
             return 0
         return min(rounds, LOOKUP_PLAIN_STEPS)
+
+    def _can_shadow_probe(self) -> bool:
+        """Whether a probe can run beside a stretch (ShadowProbes): greedy decoding (a draft that
+        matches the target's token is then exactly one a Verify accepts), with a model draft
+        replica holding the session or being given it."""
+        return (isinstance(self.policy, ShadowProbes) and self.request.sampling.greedy and self.uses_model_draft
+                and self._model_draft_in_reach() and self.replicas.draft_method == "model")
+
+    def _take_shadow_probe(self, plain_rounds: int) -> _ShadowProbe | None:
+        """The probe the policy took for the coming stretch, if any, to be sent when the stretch
+        has its K tokens left: its drafts are then tested against the stretch's last tokens, and
+        the draft is left with only those to catch up on when drafting resumes."""
+        if not isinstance(self.policy, ShadowProbes):
+            return None
+        num_speculative_tokens = min(self.policy.shadow_probe(), self._max_num_speculative_tokens())
+        if num_speculative_tokens <= 0 or not self._model_draft_in_reach():
+            return None
+        remaining = self.request.max_new_tokens - self.stats.generated_tokens
+        steps = min(plain_rounds, MAX_DECODE_STEPS, remaining, self.limits.max_context - len(self.committed))
+        return _ShadowProbe(num_speculative_tokens, len(self.committed) + max(0, steps - num_speculative_tokens))
+
+    def _launch_shadow_probe(self, shadow: _ShadowProbe | None) -> None:
+        """Sends the probe's Propose, from C as it is now, once the stretch has reached its start
+        (it then runs beside the rest of the stretch)."""
+        if shadow is None or shadow.task is not None or len(self.committed) < shadow.launch_at:
+            return
+        start = list(self.committed)
+        num_speculative_tokens = shadow.num_speculative_tokens
+
+        async def propose() -> Reply[Proposal] | None:
+            await self.replicas.settle_draft(start)
+            if not self.replicas.has_draft:
+                return None
+            return await self.replicas.propose(start, num_speculative_tokens)
+
+        shadow.start = len(start)
+        shadow.task = asyncio.create_task(propose())
+
+    async def _observe_shadow_probe(self, shadow: _ShadowProbe) -> None:
+        """After the stretch: the probe's drafts against the tokens the target decoded from the
+        same start, told to the policy (drafts the stretch had no tokens for are not tested)."""
+        assert shadow.task is not None
+        try:
+            reply = await shadow.task
+        except asyncio.CancelledError:
+            if not shadow.task.cancelled():
+                raise  # this request is being cancelled, not the probe
+            return
+        except Exception as error:  # a probe is only a measurement: the request goes on without it
+            log.info("a probe beside a stretch failed: %s", error)
+            return
+        if reply is None or not isinstance(self.policy, ShadowProbes):
+            return
+        drafts = reply.value.token_ids
+        decoded = self.committed[shadow.start:shadow.start + len(drafts)]
+        if not decoded:
+            return
+        matched = 0
+        while matched < len(decoded) and drafts[matched] == decoded[matched]:
+            matched += 1
+        self.stats.shadow_probes += 1
+        observation = RoundObservation(
+            num_speculative_tokens=len(drafts), num_accepted=matched, acceptance_signal=(),
+            draft_compute_seconds=reply.timing.compute_seconds, draft_wall_seconds=reply.timing.wall_seconds,
+            draft_fed_tokens=reply.value.fed_tokens, verify_compute_seconds=0.0, verify_wall_seconds=0.0)
+        self.policy.observe_shadow(observation, tested=len(decoded), behind=len(self.committed) - shadow.start)
 
     def _decode(self, plain_rounds: int = 0) -> AsyncIterator[tuple[int, ...]]:
         """The target decodes the next tokens in one streamed call, each exactly a round without

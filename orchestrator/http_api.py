@@ -293,6 +293,7 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "branches_drafted": stats.branches_drafted,
         "fanout_per_round": list(stats.fanout_per_round),
         "decode_calls": stats.decode_calls,
+        "shadow_probes": stats.shadow_probes,
         "decoded_tokens": stats.decoded_tokens,
         "target_replica": stats.target_replica,
         "draft_replica": stats.draft_replica,

@@ -55,10 +55,16 @@ to 0. There is nothing to tune: n, R_others and the slope b are measured.
 
 The controller switches only when the new K beats the current one by a margin (hysteresis). While
 K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
-keep losing (the probes are also how K comes back when the load drops and alpha is stale). Two
-kinds of optimism keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an
-alpha one posterior sd higher (at K = 0 alpha is no longer observed; not where drafting at the
-estimate loses more than optimism_max_loss per token: the probes explore there), and row counts
+keep losing (the probes are also how K comes back when the load drops and alpha is stale). A
+session that can probe in the shadow (``shadow_probes``: greedy decoding with a model draft) runs
+a due probe beside its next stretch instead of as a round: the draft proposes from where the
+stretch starts while the target decodes it, and the drafts that match the target's tokens are
+exactly what a Verify would have accepted, so alpha is measured without a round of drafting, and
+without interrupting the stretch (``shadow_probe`` / ``observe_shadow``). Two kinds of optimism
+keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an alpha one
+posterior sd higher (at K = 0 alpha is no longer observed; not where drafting at the estimate
+loses more than optimism_max_loss per token: the probes explore there; nor with shadow probes,
+which observe alpha at K = 0 at no round's cost), and row counts
 little measured are taken as a little cheaper than predicted, so that a K whose cost the line misjudges
 gets tried once. Once others share the pass (R_others rounds to 1 or more) the prediction is the line
 alone, without per-row residuals or that optimism: the others' rows move the pass across the
@@ -285,6 +291,8 @@ class KControllerConfig:
     probe_interval_rounds: int = 16  # K = 0 rounds before the first probe
     probe_interval_max_rounds: int = 512  # ceiling of the backed-off interval
     probe_backoff: float = 2.0  # interval multiplier after a probe that leaves K at 0
+    shadow_probe_num_speculative_tokens: int = 4  # K of a probe run beside a stretch (shadow_probes):
+    # no round waits for it, so it measures more positions than a probe round's
     prior_alpha: float = 0.6  # alpha before any measurement, when the pool has none
     prior_alpha_strength: float = 4.0  # pseudo-trials behind the prior alpha
     pool_alpha_strength: float = 4.0  # pseudo-trials behind the pool's alpha when a session starts
@@ -322,6 +330,8 @@ class KControllerConfig:
         check(0 <= initial <= limit, f"initial K must be in [0, max_num_speculative_tokens], got {initial}")
         check(0.0 <= self.hysteresis < 1.0, f"hysteresis must be in [0, 1), got {self.hysteresis}")
         check(1 <= self.probe_num_speculative_tokens <= limit, "probe K must be in [1, max_num_speculative_tokens]")
+        check(1 <= self.shadow_probe_num_speculative_tokens <= limit,
+              "shadow probe K must be in [1, max_num_speculative_tokens]")
         check(self.probe_interval_rounds >= 1, "probe_interval_rounds must be >= 1")
         check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
         check(self.probe_backoff >= 1.0, f"probe_backoff must be >= 1, got {self.probe_backoff}")
@@ -346,14 +356,17 @@ class AdaptiveKController:
     argmin T_round(K) / E(K).
 
     One instance per session; `priors`, if given, is shared by the sessions of a pool: it seeds
-    this session's estimates and receives them after every round.
+    this session's estimates and receives them after every round. shadow_probes: the session can
+    probe beside a stretch (greedy decoding with a model draft; see the module docstring).
     """
 
     def __init__(
         self, config: KControllerConfig | None = None, priors: ControllerPriors | None = None,
-        lookup_priors: LookupPriors | None = None,
+        lookup_priors: LookupPriors | None = None, shadow_probes: bool = False,
     ) -> None:
         self._config = config if config is not None else KControllerConfig()
+        self._shadow_probes = shadow_probes
+        self._shadow_num_speculative_tokens = 0  # a probe taken beside the coming stretch, not yet run
         self._priors = priors
         self._lookup_priors = lookup_priors
         self._lookups: LookupAcceptance | None = None  # made at the first lookup round
@@ -398,9 +411,10 @@ class AdaptiveKController:
             times = self._seconds_per_token_by_k(costs)
             self._num_speculative_tokens = min(range(len(times)), key=times.__getitem__)
             prior_best = best_k(cfg.prior_alpha, costs, cfg.max_num_speculative_tokens)
-            if self._num_speculative_tokens == 0 and prior_best > 0:
+            if self._num_speculative_tokens == 0 and (prior_best > 0 or self._shadow_probes):
                 # K = 0 because earlier prompts were accepted poorly, not because the timings
-                # rule drafting out: this prompt's acceptance is unknown, so open with a probe.
+                # rule drafting out: this prompt's acceptance is unknown, so open with a probe
+                # (with shadow probes at once whatever the reason: it costs no round).
                 self._rounds_since_probe = self._probe_interval
 
     # -- KPolicy ---------------------------------------------------------------------------------
@@ -430,13 +444,20 @@ class AdaptiveKController:
             return ahead_k
         return num_speculative_tokens
 
-    def plain_rounds(self) -> int:
+    def plain_rounds(self, shadow: bool = False) -> int:
         """K = 0 rounds up to the next probe while the choice is K = 0 (PlainStretches): nothing
         else changes the choice without a round's measurements. 0 while drafting, with a probe
         due, or under pipelining auto when drafting ahead beats those rounds (it may pay where
-        plain drafting does not) or has not been measured yet (PipelineConfig.measured_outcomes)."""
+        plain drafting does not) or has not been measured yet (PipelineConfig.measured_outcomes).
+        shadow: the caller can run a probe beside the stretch; a probe due then does not end
+        the stretch but is taken for it (shadow_probe() gives its K)."""
         if self._num_speculative_tokens != 0:
+            self._shadow_num_speculative_tokens = 0
             return 0
+        if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
+            k = min(self._config.shadow_probe_num_speculative_tokens, self._config.max_num_speculative_tokens)
+            self._shadow_num_speculative_tokens = k
+            self._rounds_since_probe = 0
         if self._ahead is not None:
             if not self._ahead.ranks_measured:
                 return 0  # K = 0 priced as Verify rounds: run as such
@@ -446,6 +467,38 @@ class AdaptiveKController:
                                                               self._max_fanout):
                 return 0
         return max(0, self._probe_interval - self._rounds_since_probe)
+
+    @property
+    def _shadows(self) -> bool:
+        """Whether this session probes beside its stretches: shadow_probes, and not under
+        pipelining auto (whose probes draft ahead, to measure the draft's candidate ranks too)."""
+        return self._shadow_probes and self._ahead is None
+
+    def shadow_probe(self) -> int:
+        """K of the probe plain_rounds(shadow=True) took for the stretch the caller now runs (0:
+        none); the caller proposes that many drafts from where the stretch starts and reports
+        how many the stretch's tokens matched to observe_shadow()."""
+        k, self._shadow_num_speculative_tokens = self._shadow_num_speculative_tokens, 0
+        return k
+
+    def observe_shadow(self, observation: RoundObservation, tested: int, behind: int) -> None:
+        """A probe run beside a stretch: observation holds its K, the drafts the stretch's tokens
+        matched (greedy: exactly those a Verify would have accepted) and the Propose's timings,
+        nothing of the target's; tested: the drafts the stretch had tokens for (fewer than K when
+        it ended first); behind: committed tokens the draft has not seen since. Then K is chosen
+        again, and the probe interval backs off as after a probe round that leaves K at 0."""
+        index = self._round
+        self._alpha.update(min(tested, observation.num_speculative_tokens), observation.num_accepted, index)
+        self._update_draft_estimates(observation, index)
+        self._pending_catchup_tokens = max(0, behind)
+        self._decide()
+        if self._num_speculative_tokens == 0:
+            backed_off = math.ceil(self._probe_interval * self._config.probe_backoff)
+            self._probe_interval = min(self._config.probe_interval_max_rounds, backed_off)
+        else:
+            self._probe_interval = self._config.probe_interval_rounds
+        if self._priors is not None:
+            self._priors.update(self._session_estimates())
 
     def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
         """K = 0 rounds run as one Decode: the draft owes them as catch-up, they count towards the
@@ -706,7 +759,8 @@ class AdaptiveKController:
         little-measured row counts are taken optimistically. K = 0 is ruled out (infinite) while
         an optimistic alpha, zero_k_optimism posterior sd above the estimate, would still draft,
         unless drafting at the estimate itself gains the system nothing or costs more than
-        optimism_max_loss over K = 0 per token."""
+        optimism_max_loss over K = 0 per token, or the session probes in the shadow (at K = 0 it
+        still observes alpha)."""
         cfg = self._config
         alpha = self._alpha.alpha
         if costs.others_rows == 0:
@@ -717,7 +771,7 @@ class AdaptiveKController:
         optimistic_alpha = min(1.0, alpha + cfg.zero_k_optimism * self._alpha.alpha_sd)
         # inf: drafting gains the system nothing at the estimate
         drafting_loss = min(times[1:]) / times[0] - 1.0 if times[0] > 0 else 0.0
-        if (drafting_loss <= cfg.optimism_max_loss
+        if (not self._shadows and drafting_loss <= cfg.optimism_max_loss
                 and best_k(optimistic_alpha, costs, cfg.max_num_speculative_tokens) > 0):
             times[0] = math.inf
         return times

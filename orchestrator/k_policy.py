@@ -102,14 +102,30 @@ class PlainStretches(Protocol):
     in one streamed target call (a Decode) instead of a Verify each (the adaptive controller, while
     its choice is K = 0: until its next probe). Other policies are asked for K every round."""
 
-    def plain_rounds(self) -> int:
-        """K = 0 rounds this policy commits to from now on, whatever they commit; 0: ask choose()."""
+    def plain_rounds(self, shadow: bool = False) -> int:
+        """K = 0 rounds this policy commits to from now on, whatever they commit; 0: ask choose().
+        shadow: the caller can run a probe beside them (ShadowProbes)."""
 
     def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
         """Record K = 0 rounds run as one Decode, at seconds_per_token of the call's wall time;
         None when the call was cut short of the rounds plain_rounds() committed to (the request's
         end, the context's, or the guard's): its round trip, spread over fewer tokens, is not the
         pace of a stretch."""
+
+
+@runtime_checkable
+class ShadowProbes(Protocol):
+    """A policy that can measure acceptance beside a stretch of K = 0 rounds instead of in a probe
+    round of its own (the adaptive controller of a greedy session with a model draft): the draft
+    proposes from where the stretch starts while the target decodes it, and under greedy decoding
+    the drafts that match the decoded tokens are exactly those a Verify would have accepted."""
+
+    def shadow_probe(self) -> int:
+        """K of the probe that plain_rounds(shadow=True) took for the coming stretch; 0: none."""
+
+    def observe_shadow(self, observation: RoundObservation, tested: int, behind: int) -> None:
+        """Record it: its K, the drafts matched and the Propose's timings (no target figures);
+        tested: drafts the stretch had tokens for; behind: tokens the draft has not seen since."""
 
 
 @dataclass
@@ -127,7 +143,7 @@ class FixedK:
     def estimates(self) -> dict[str, float]:
         return {}
 
-    def plain_rounds(self) -> int:
+    def plain_rounds(self, shadow: bool = False) -> int:
         """K = 0 every round: as many as a Decode takes (PlainStretches); none at K > 0."""
         return MAX_DECODE_STEPS if self.num_speculative_tokens == 0 else 0
 

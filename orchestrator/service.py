@@ -255,9 +255,15 @@ class OrchestratorService:
             base, max_num_speculative_tokens=maximum,
             initial_num_speculative_tokens=min(base.initial_num_speculative_tokens, maximum),
             probe_num_speculative_tokens=min(base.probe_num_speculative_tokens, maximum),
+            shadow_probe_num_speculative_tokens=min(base.shadow_probe_num_speculative_tokens, maximum),
         )
         kind = "greedy" if greedy else "sampled"
-        return AdaptiveKController(controller, priors=self.controller_priors[kind], lookup_priors=self.lookup_priors[kind])
+        # Probes beside a stretch: under greedy decoding a model draft's matches are its acceptance
+        # (not under pipelining auto, whose probes also measure the draft's candidate ranks).
+        shadow = (greedy and self.model_draft
+                  and (speculation.pipeline or self.config.pipeline) != "auto")
+        return AdaptiveKController(controller, priors=self.controller_priors[kind],
+                                   lookup_priors=self.lookup_priors[kind], shadow_probes=shadow)
 
     def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""

@@ -140,5 +140,6 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         branches_drafted=stats.branches_drafted,
         fanout_per_round=stats.fanout_per_round,
         decode_calls=stats.decode_calls,
+        shadow_probes=stats.shadow_probes,
         decoded_tokens=stats.decoded_tokens,
     )

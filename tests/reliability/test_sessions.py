@@ -33,6 +33,7 @@ STREAM_SECONDS = 600  # a stream's deadline: only a hang comes near it, even wit
 SPECULATION = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2)
 PIPELINED = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2,
                                  pipeline=pb.PIPELINE_MODE_ON)
+ADAPTIVE = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE)
 RSS_TOLERANCE = 0.10
 
 
@@ -71,7 +72,7 @@ async def _cancel_one(address: str, channel: grpc.aio.Channel, rng: random.Rando
             await asyncio.sleep(rng.uniform(0, 0.03))
             call.cancel()
         else:
-            chunks = rng.randrange(1, 10)
+            chunks = rng.randrange(1, 24)  # up to past an adaptive stretch's probe, sent 4 tokens before its end
             async for _ in call:
                 chunks -= 1
                 if chunks == 0:
@@ -115,10 +116,11 @@ def _rss_of(services: list[Service]) -> dict[str, int]:
     return {address: int(statistics.median(values)) for address, values in samples.items()}
 
 
-@pytest.mark.parametrize("speculation", [SPECULATION, PIPELINED], ids=["plain", "pipelined"])
+@pytest.mark.parametrize("speculation", [SPECULATION, PIPELINED, ADAPTIVE], ids=["plain", "pipelined", "adaptive"])
 def test_cancelled_requests_leave_no_session_and_no_cached_token(cluster, speculation):
     """The quick version: a hundred cancellations, counters only. Pipelined, a cancel also lands
-    while the draft drafts ahead (its branch caches go with the session)."""
+    while the draft drafts ahead (its branch caches go with the session); adaptive (greedy), while
+    a stretch of K = 0 rounds streams with a probe beside it on the draft."""
     outcomes = asyncio.run(_cancel_many(cluster["orchestrator"].address, 100, seed=1, speculation=speculation))
     assert set(outcomes) <= {"CANCELLED", "OK"} and outcomes["CANCELLED"] >= 100, outcomes
     wait_for_no_sessions(cluster)

@@ -1,0 +1,138 @@
+"""Probes beside a stretch (ShadowProbes): a greedy session at K = 0 measures acceptance from the
+draft's proposal against the tokens its stretch decoded, instead of a probe round that drafts and
+verifies. Synthetic rounds from tests/unit/test_k_controller.py's simulator: no servers, no clocks."""
+
+from __future__ import annotations
+
+import random
+
+from orchestrator.k_controller import AdaptiveKController, KControllerConfig, best_k, seconds_per_token
+from orchestrator.k_policy import RoundObservation, ShadowProbes
+from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play
+
+CONFIG = KControllerConfig(max_num_speculative_tokens=K_MAX)
+SHADOW_K = CONFIG.shadow_probe_num_speculative_tokens
+
+
+def shadow_observation(k: int, matched: int, world: Conditions) -> RoundObservation:
+    draft = k * world.t_draft
+    return RoundObservation(k, matched, (), draft, draft + world.rtt_draft, k, 0.0, 0.0)
+
+
+def play_shadow(controller: AdaptiveKController, world: Conditions, tokens: int,
+                seed: int = 0) -> tuple[list[int], int]:
+    """Like play(), with every probe the controller takes for a stretch run beside it (its drafts
+    matched as a Verify would accept them, at world.alpha). Returns (K of each round, probes run
+    beside stretches)."""
+    services, rng = SimulatedServices(seed), random.Random(seed + 1000)
+    ks: list[int] = []
+    shadows = 0
+    while len(ks) < tokens:
+        rounds = min(controller.plain_rounds(shadow=True), tokens - len(ks))
+        if rounds > 0:
+            k = controller.shadow_probe()
+            for _ in range(rounds):
+                services.round(0, world)
+            controller.observe_plain(rounds, world.plain_pace(rounds))
+            ks += [0] * rounds
+            if k > 0:
+                tested = min(k, rounds)
+                matched = 0
+                while matched < tested and rng.random() < world.alpha:
+                    matched += 1
+                # sent when the stretch had k tokens left: those are what it is tested against
+                controller.observe_shadow(shadow_observation(k, matched, world), tested=tested, behind=tested)
+                shadows += 1
+            continue
+        k = controller.choose(K_MAX)
+        controller.observe(services.round(k, world))
+        ks.append(k)
+    return ks, shadows
+
+
+def near_break_even() -> Conditions:
+    """Slow hops, a stretch's hop paid once: K = 0 is best, but drafting loses under 20 % per
+    token, so a session that cannot probe beside its stretches keeps exploring by drafting."""
+    return Conditions(alpha=0.6, t_draft=0.003, verify_a=0.020, verify_b=0.0005, rtt_draft=0.012,
+                      rtt_target=0.012, decodes=True)
+
+
+def test_the_world_is_near_break_even() -> None:
+    world = near_break_even()
+    costs = world.costs()
+    assert best_k(world.alpha, costs, K_MAX) == 0
+    k0 = seconds_per_token(world.alpha, 0, costs)
+    loss = min(seconds_per_token(world.alpha, k, costs) for k in range(1, K_MAX + 1)) / k0 - 1.0
+    assert 0.0 < loss < CONFIG.optimism_max_loss, loss
+
+
+def test_the_adaptive_controller_is_a_shadow_probes_policy() -> None:
+    assert isinstance(AdaptiveKController(), ShadowProbes)
+
+
+def test_a_due_probe_is_taken_for_the_stretch_instead_of_ending_it() -> None:
+    controller = AdaptiveKController(CONFIG, shadow_probes=True)
+    play_shadow(controller, near_break_even(), 200)
+    assert controller.estimates()["num_speculative_tokens"] == 0
+    interval = int(controller.estimates()["probe_interval_rounds"])
+    stretch = controller.plain_rounds(shadow=True)
+    controller.observe_plain(stretch, near_break_even().plain_pace(stretch))
+    # Due now: a caller without a shadow probe would run a probe round ...
+    assert controller.plain_rounds() == 0
+    # ... one that can gets a whole stretch, to the probe after, and the probe's K.
+    assert controller.plain_rounds(shadow=True) == interval
+    assert controller.shadow_probe() == SHADOW_K
+    assert controller.shadow_probe() == 0  # taken once
+
+
+def test_shadow_probes_replace_the_drafted_rounds_of_exploration() -> None:
+    """Near the break-even point a session that probes in rounds drafts now and then (the optimism
+    about K = 0, and the probes); one that probes beside its stretches hardly ever drafts."""
+    world = near_break_even()
+    drafted_in_rounds = sum(k > 0 for seed in range(3)
+                            for k in play(AdaptiveKController(CONFIG), SimulatedServices(seed), world, 400))
+    drafted_in_shadow = probes = 0
+    for seed in range(3):
+        ks, shadows = play_shadow(AdaptiveKController(CONFIG, shadow_probes=True), world, 400, seed)
+        drafted_in_shadow += sum(k > 0 for k in ks)
+        probes += shadows
+    assert probes >= 3  # acceptance was still measured at K = 0
+    assert drafted_in_shadow * 3 <= drafted_in_rounds, (drafted_in_shadow, drafted_in_rounds)
+
+
+def test_shadow_probes_bring_drafting_back_when_it_pays() -> None:
+    """A session at K = 0 after poorly accepted drafts whose later text the draft matches: the
+    shadow probes see it, and it drafts again."""
+    world = Conditions(alpha=0.2, decodes=True)
+    controller = AdaptiveKController(CONFIG, shadow_probes=True)
+    play_shadow(controller, world, 300)
+    assert controller.estimates()["num_speculative_tokens"] == 0
+    ks, shadows = play_shadow(controller, Conditions(alpha=0.9, decodes=True), 600)
+    assert shadows >= 1 and ks[-20:].count(0) <= 2, ks[-40:]
+
+
+def test_a_shadow_probe_that_leaves_k0_backs_the_interval_off() -> None:
+    world = near_break_even()
+    controller = AdaptiveKController(CONFIG, shadow_probes=True)
+    play_shadow(controller, world, 100)
+    before = controller.estimates()["probe_interval_rounds"]
+    controller.observe_shadow(shadow_observation(SHADOW_K, 0, world), tested=SHADOW_K, behind=8)
+    assert controller.estimates()["probe_interval_rounds"] == min(
+        CONFIG.probe_interval_max_rounds, before * CONFIG.probe_backoff)
+
+
+def test_drafts_the_stretch_had_no_tokens_for_are_not_rejections() -> None:
+    """A stretch that ended after two tokens tested two drafts: both matched is no rejection."""
+    world = near_break_even()
+    cut, rejected = (AdaptiveKController(CONFIG, shadow_probes=True) for _ in range(2))
+    cut.observe_shadow(shadow_observation(SHADOW_K, 2, world), tested=2, behind=2)
+    rejected.observe_shadow(shadow_observation(SHADOW_K, 2, world), tested=SHADOW_K, behind=4)
+    assert cut.estimates()["alpha"] > rejected.estimates()["alpha"]
+
+
+def test_without_shadow_probes_nothing_is_taken() -> None:
+    controller = AdaptiveKController(CONFIG)  # a sampled session's: its probes are rounds
+    play(controller, SimulatedServices(0), near_break_even(), 200)
+    for _ in range(3):
+        controller.plain_rounds(shadow=True)
+        assert controller.shadow_probe() == 0
