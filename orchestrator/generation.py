@@ -160,9 +160,10 @@ class Generation:
                                                            and not self.guard.allows_speculation())
             first = await self.replicas.prefill(self.committed, self.uses_model_draft, defer_draft=defer_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
-            chunk = self._commit([first])
-            while chunk.finish_reason is None:
-                yield chunk
+            chunk: Chunk | None = self._commit([first])
+            while chunk is None or chunk.finish_reason is None:
+                if chunk is not None:  # None: a stretch's chunks went out as they came
+                    yield chunk
                 plain_rounds = 0
                 shadow: _ShadowProbe | None = None
                 if self._speculating():
@@ -176,11 +177,10 @@ class Generation:
                 try:
                     self._launch_shadow_probe(shadow)
                     async for tokens in decoding:
-                        if decoded is not None:
-                            yield decoded
                         decoded = self._commit(list(tokens))
                         if decoded.finish_reason is not None:
-                            break
+                            break  # the last chunk goes out below, with the stats
+                        yield decoded  # each token as it comes, not held back for the next
                         self._launch_shadow_probe(shadow)
                 except BaseException:
                     if shadow is not None and shadow.task is not None:
@@ -188,12 +188,17 @@ class Generation:
                     raise
                 finally:
                     await decoding.aclose()  # a finished request cancels the rest of the call
-                chunk = decoded if decoded is not None else self._commit([])
+                if decoded is None:
+                    chunk = self._commit([])
+                else:
+                    chunk = decoded if decoded.finish_reason is not None else None
+                finished = chunk is not None and chunk.finish_reason is not None
                 if shadow is not None and shadow.task is not None:
-                    if chunk.finish_reason is None:
+                    if not finished:
                         await self._observe_shadow_probe(shadow)
                     else:
                         shadow.task.cancel()  # the request is over: nothing left to choose K for
+            assert chunk is not None  # the loop ends on a chunk with a finish reason
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
             if self.guard is not None:

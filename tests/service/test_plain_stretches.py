@@ -14,6 +14,7 @@ import torch
 
 from orchestrator.k_controller import PLAIN_FACTOR_RANGE
 from orchestrator.k_policy import Speculation
+from orchestrator.service import PromptInput
 from specdec.protocol import SamplingParams
 from tests.service.test_lookup_drafts import _generate, start_lookup_stack
 
@@ -153,3 +154,36 @@ def test_a_stretch_longer_than_one_decode_call_still_teaches_its_pace(loop_threa
         assert all(pace is not None and pace > 0 for pace in whole_calls), observed
     finally:
         loop_thread.run(running.stop())
+
+
+def _rounds_recorded(service) -> float:
+    """Rounds the orchestrator's metrics have counted so far (each decoded token is one)."""
+    return sum(sample.value for metric in service.telemetry.registry.collect()
+               if metric.name == "specdec:num_speculative_tokens"
+               for sample in metric.samples if sample.name.endswith("_count"))
+
+
+@pytest.mark.parametrize("speculation", [Speculation(mode="off"), ADAPTIVE], ids=["off", "adaptive"])
+def test_a_decoded_token_streams_out_before_the_next_is_taken(loop_thread, tiny_pair, expected, speculation):
+    """Each token of a Decode is sent on as it comes: when a chunk reaches the caller, the loop has
+    taken no later token from the call (one held back for the next would reach the caller a
+    target pass late). The loop is suspended at each chunk, so the rounds counted then are
+    exactly those behind the chunks received."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+
+    async def stream():
+        seen, behind = [], []
+        async for chunk in running.service.generate(PromptInput(prompt_token_ids=tuple(PROMPT)), MAX_NEW_TOKENS,
+                                                    SamplingParams(), speculation=speculation):
+            seen.extend(chunk.token_ids)
+            behind.append((len(seen), _rounds_recorded(running.service), chunk.stats is not None))
+        return seen, behind, chunk.stats
+
+    try:
+        before = _rounds_recorded(running.service)
+        tokens, behind, stats = loop_thread.run(stream())
+    finally:
+        loop_thread.run(running.stop())
+    assert tokens == expected and stats.decoded_tokens > MAX_NEW_TOKENS // 2
+    # The first token is the prefill's; every round after commits the tokens of its chunk.
+    assert all(rounds - before == received - 1 for received, rounds, _ in behind), behind[:20]
