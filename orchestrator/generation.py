@@ -47,8 +47,8 @@ from specdec.protocol import (
 log = logging.getLogger(__name__)
 
 NO_PROPOSAL = Proposal(token_ids=())
-# While the guard holds the system at K = 0, a request's first Decode asks for this many tokens;
-# later ones for as many as its pace fits before the guard's next test.
+# While the guard holds the system at K = 0 with a test due, a request's first Decode asks for
+# this many tokens; later ones for as many as its pace fits before the guard's next test.
 GUARDED_DECODE_STEPS = 8
 # A session whose controller stays at K = 0 decodes its next rounds in one call; with a lookup
 # draft at most this many, so that the lookup is consulted again soon.
@@ -380,11 +380,11 @@ class Generation:
     def _guarded_steps(self) -> int:
         """Tokens to decode under the guard: as many as fit before its answer may change (at the
         pace of this request's last Decode), so that its next test finds the session between
-        calls; GUARDED_DECODE_STEPS before any pace is known."""
-        if self.guard is None or self._decode_token_seconds is None:
+        calls; GUARDED_DECODE_STEPS before any pace is known, unless nothing is due (a lone
+        session's stretches are not cut for a test that will not come)."""
+        if self.guard is None:
             return GUARDED_DECODE_STEPS
-        fit = self.guard.seconds_until_change() / self._decode_token_seconds  # inf: nothing due
-        return max(1, int(min(MAX_DECODE_STEPS, fit)))
+        return guarded_decode_steps(self.guard.seconds_until_change(), self._decode_token_seconds)
 
     async def _counted(self, steps: AsyncIterator[tuple[int, ...]], planned: int
                        ) -> AsyncIterator[tuple[int, ...]]:
@@ -571,6 +571,17 @@ class Generation:
         if finish is None and len(self.committed) >= self.limits.max_context:
             finish = "context"
         return Chunk(tuple(kept), text, finish)
+
+
+def guarded_decode_steps(seconds_until_change: float, seconds_per_token: float | None) -> int:
+    """Tokens a Decode under the guard asks for: MAX_DECODE_STEPS when the guard's answer holds
+    for good (inf), else as many as fit before it may change at seconds_per_token (the request's
+    last Decode's pace), and GUARDED_DECODE_STEPS while that pace is unknown; at least one."""
+    if seconds_until_change == float("inf"):
+        return MAX_DECODE_STEPS
+    if seconds_per_token is None:
+        return GUARDED_DECODE_STEPS
+    return max(1, int(min(MAX_DECODE_STEPS, seconds_until_change / seconds_per_token)))
 
 
 def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal | None = None,

@@ -287,3 +287,23 @@ def test_bursts_of_load_do_not_each_pay_a_test():
     first_gap = loss * (config.window_seconds + config.settle_seconds) / config.test_cost_share
     expected = 1 + int((150.0 - config.first_test_seconds) // first_gap)
     assert 1 <= decisions <= expected, decisions
+
+
+def test_a_decode_under_the_guard_runs_up_to_its_next_change():
+    """How many tokens a guarded Decode asks for (orchestrator/generation.py): nothing due (a lone
+    session: inf) takes a whole call even before the session's pace is known; with a change due,
+    as many as fit before it, and a few while the pace is unknown."""
+    from orchestrator.generation import GUARDED_DECODE_STEPS, guarded_decode_steps
+    from specdec.protocol import MAX_DECODE_STEPS
+
+    clock = Clock()
+    alone = _guard(clock, sessions=1)
+    assert alone.seconds_until_change() == float("inf")
+    assert guarded_decode_steps(alone.seconds_until_change(), None) == MAX_DECODE_STEPS
+    loaded = _guard(clock, sessions=4)
+    due = loaded.seconds_until_change()
+    assert due < float("inf")
+    assert guarded_decode_steps(due, None) == GUARDED_DECODE_STEPS
+    assert guarded_decode_steps(due, due / 5.5) == 5
+    assert guarded_decode_steps(due, due * 10) == 1
+    assert guarded_decode_steps(due, due / 1000) == MAX_DECODE_STEPS
