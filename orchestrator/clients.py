@@ -220,7 +220,11 @@ class TargetClient(ReplicaClient):
                 while True:
                     try:
                         # The step deadline holds for each token: a stalled replica is a lost one.
-                        response = await asyncio.wait_for(call.read(), self.timeouts.step_seconds)
+                        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                        # cancellation that lands as the read completes (the request would then
+                        # run on after its caller went away).
+                        async with asyncio.timeout(self.timeouts.step_seconds):
+                            response = await call.read()
                     except asyncio.TimeoutError as error:
                         raise ReplicaLost(self.address, f"DEADLINE_EXCEEDED: no Decode step within "
                                                         f"{self.timeouts.step_seconds:g} s") from error

@@ -330,11 +330,9 @@ class Generation:
         same start, told to the policy (drafts the stretch had no tokens for are not tested)."""
         assert shadow.task is not None
         try:
+            # Nothing cancels the probe alone while it is awaited here: a CancelledError is the
+            # request's (it cancels the probe with it) and goes on up.
             reply = await shadow.task
-        except asyncio.CancelledError:
-            if not shadow.task.cancelled():
-                raise  # this request is being cancelled, not the probe
-            return
         except Exception as error:  # a probe is only a measurement: the request goes on without it
             log.info("a probe beside a stretch failed: %s", error)
             return

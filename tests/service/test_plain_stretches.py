@@ -187,3 +187,61 @@ def test_a_decoded_token_streams_out_before_the_next_is_taken(loop_thread, tiny_
     assert tokens == expected and stats.decoded_tokens > MAX_NEW_TOKENS // 2
     # The first token is the prefill's; every round after commits the tokens of its chunk.
     assert all(rounds - before == received - 1 for received, rounds, _ in behind), behind[:20]
+
+
+def test_a_request_cancelled_while_its_probe_runs_ends_and_leaves_no_session(loop_thread, tiny_pair):
+    """The draft behind a 60 ms round trip, so that a probe beside a stretch is still running when
+    the stretch ends and the loop waits for it: a request cancelled at any moment of its first
+    second (steps of 20 ms) ends there, cancelled (the probe's wait never swallows the request's
+    cancellation), and neither service keeps a session."""
+    import asyncio
+
+    import orchestrator.server
+    from orchestrator.pool import PoolConfig
+    from orchestrator.service import OrchestratorConfig
+    from specdec.delay_proxy import DelayProxy, DelayProxyConfig
+    from specdec.rpc.server import ServerConfig
+    from tests import stack as stack_module
+
+    async def run() -> tuple[int, list[int]]:
+        target_server, target = await stack_module.start_target(tiny_pair.target_dir)
+        draft_server, draft = await stack_module.start_draft(tiny_pair.far_draft_dir)
+        proxy = DelayProxy(DelayProxyConfig(upstream_host="127.0.0.1", upstream_port=draft_server.port,
+                                            one_way_delay_ms=30.0))
+        await proxy.start()
+        config = OrchestratorConfig(draft=f"127.0.0.1:{proxy.port}", target=f"127.0.0.1:{target_server.port}",
+                                    pool=PoolConfig(refresh_seconds=0.5), startup_timeout_seconds=30)
+        orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+        cut = 0
+        try:
+            for step in range(50):
+                async def consume() -> None:
+                    async for _ in service.generate(PromptInput(prompt_token_ids=tuple(PROMPT)), MAX_NEW_TOKENS,
+                                                    SamplingParams(), speculation=ADAPTIVE):
+                        pass
+
+                task = asyncio.create_task(consume())
+                await asyncio.sleep(0.02 * step)
+                if task.done():
+                    continue
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    cut += 1
+                else:
+                    raise AssertionError(f"a request cancelled after {0.02 * step:.2f} s ran on to its end")
+            for _ in range(100):  # the Releases are sent in the background
+                live = [target.info().live_sessions, draft.info().live_sessions]
+                if live == [0, 0]:
+                    break
+                await asyncio.sleep(0.05)
+            return cut, live
+        finally:
+            await service.close()
+            for server in (orchestrator_server, draft_server, target_server):
+                await server.stop()
+            await proxy.close()
+
+    cut, live = loop_thread.run(run())
+    assert cut >= 10 and live == [0, 0], (cut, live)
