@@ -455,8 +455,7 @@ class AdaptiveKController:
             self._shadow_num_speculative_tokens = 0
             return 0
         if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
-            k = min(self._config.shadow_probe_num_speculative_tokens, self._config.max_num_speculative_tokens)
-            self._shadow_num_speculative_tokens = k
+            self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
             self._rounds_since_probe = 0
         if self._ahead is not None:
             if not self._ahead.ranks_measured:
@@ -492,11 +491,7 @@ class AdaptiveKController:
         self._update_draft_estimates(observation, index)
         self._pending_catchup_tokens = max(0, behind)
         self._decide()
-        if self._num_speculative_tokens == 0:
-            backed_off = math.ceil(self._probe_interval * self._config.probe_backoff)
-            self._probe_interval = min(self._config.probe_interval_max_rounds, backed_off)
-        else:
-            self._probe_interval = self._config.probe_interval_rounds
+        self._space_probes()
         if self._priors is not None:
             self._priors.update(self._session_estimates())
 
@@ -778,19 +773,24 @@ class AdaptiveKController:
 
     def _schedule_probes(self, previous_k: int, observed_k: int) -> None:
         """Count K = 0 rounds to the next probe; back off after a probe that left K at 0."""
-        cfg = self._config
         if self._probe_outstanding and observed_k > 0:
             self._probe_outstanding = False
             self._rounds_since_probe = 0
-            if self._num_speculative_tokens == 0:
-                backed_off = math.ceil(self._probe_interval * cfg.probe_backoff)
-                self._probe_interval = min(cfg.probe_interval_max_rounds, backed_off)
-            else:
-                self._probe_interval = cfg.probe_interval_rounds
+            self._space_probes()
         elif self._num_speculative_tokens == 0 and previous_k != 0:
             self._rounds_since_probe = 0
         elif self._num_speculative_tokens == 0 and observed_k == 0:
             self._rounds_since_probe += 1
+
+    def _space_probes(self) -> None:
+        """After a probe (a round's or one beside a stretch): back the interval off if it left K
+        at 0, else start it over."""
+        cfg = self._config
+        if self._num_speculative_tokens == 0:
+            backed_off = math.ceil(self._probe_interval * cfg.probe_backoff)
+            self._probe_interval = min(cfg.probe_interval_max_rounds, backed_off)
+        else:
+            self._probe_interval = cfg.probe_interval_rounds
 
     def _session_estimates(self) -> PriorEstimates:
         """This session's own figures for the pool (None where it has measured nothing yet)."""
