@@ -173,6 +173,9 @@ class DecodeStep:
     handle: Handle
     token_ids: tuple[int, ...]
     timing: CallTiming | None = None
+    # Under sampling, each token's probability in the target's distribution it was drawn from
+    # (specdec.protocol.DecodedToken); empty when greedy, or from a target that does not send them.
+    probabilities: tuple[float, ...] = ()
 
 
 class TargetClient(ReplicaClient):
@@ -236,7 +239,9 @@ class TargetClient(ReplicaClient):
                     if response is grpc.aio.EOF:
                         raise ReplicaError(self.address, "the Decode stream ended without its last message")
                     timing = _timing(time.perf_counter() - started, response) if response.last else None
-                    yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing)
+                    probabilities = tuple(response.token_probabilities)
+                    yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing,
+                                     probabilities if len(probabilities) == len(response.token_ids) else ())
                     if response.last:
                         return
             finally:

@@ -14,10 +14,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
-from orchestrator.clients import DraftClient, SpeculateCall, TargetClient
+from orchestrator.clients import DecodeStep, DraftClient, SpeculateCall, TargetClient
 from orchestrator.k_policy import KPolicy, LookupChooser, PlainStretches, RoundObservation, ShadowProbes
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
@@ -137,6 +137,10 @@ class Generation:
         self.pipeline = pipeline if pipeline is not None else NoPipeline()  # drafting ahead
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
+        # Under sampling, p(y) of each token of the current Decode by its index in C, for a probe
+        # beside the stretch; a target that does not send them leaves such probes unmeasurable.
+        self._decoded_probabilities: dict[int, float] = {}
+        self._sampled_probes_measurable = True
         self.committed: list[int] = list(request.prompt_token_ids)
         self.text = TextStream(tokenizer, request.stop)
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_token_ids), observer=observer)
@@ -289,10 +293,11 @@ class Generation:
         return min(rounds, LOOKUP_PLAIN_STEPS)
 
     def _can_shadow_probe(self) -> bool:
-        """Whether a probe can run beside a stretch (ShadowProbes): greedy decoding (a draft that
-        matches the target's token is then exactly one a Verify accepts), with a model draft
-        replica holding the session or being given it."""
-        return (isinstance(self.policy, ShadowProbes) and self.request.sampling.greedy and self.uses_model_draft
+        """Whether a probe can run beside a stretch (ShadowProbes): a model draft replica holding
+        the session or being given it, and under sampling a target whose Decode sends each
+        token's p(y) (without it the probes are rounds)."""
+        return (isinstance(self.policy, ShadowProbes) and self.uses_model_draft
+                and (self.request.sampling.greedy or self._sampled_probes_measurable)
                 and self._model_draft_in_reach() and self.replicas.draft_method == "model")
 
     def _take_shadow_probe(self, plain_rounds: int) -> _ShadowProbe | None:
@@ -345,12 +350,28 @@ class Generation:
         matched = 0
         while matched < len(decoded) and drafts[matched] == decoded[matched]:
             matched += 1
+        tested, chances = len(decoded), ()
+        if not self.request.sampling.greedy:
+            chances = self._sampled_chances(reply.value, shadow.start, decoded)
+            if not chances:
+                self._sampled_probes_measurable = False  # the target sent no p(y): probe in rounds
+                log.info("the target's Decode sends no token probabilities: probes under sampling "
+                         "run as rounds")
+                return
+            tested = len(chances)
         self.stats.shadow_probes += 1
         observation = RoundObservation(
-            num_speculative_tokens=len(drafts), num_accepted=matched, acceptance_signal=(),
+            num_speculative_tokens=len(drafts), num_accepted=matched, acceptance_signal=chances,
             draft_compute_seconds=reply.timing.compute_seconds, draft_wall_seconds=reply.timing.wall_seconds,
             draft_fed_tokens=reply.value.fed_tokens, verify_compute_seconds=0.0, verify_wall_seconds=0.0)
-        self.policy.observe_shadow(observation, tested=len(decoded), behind=len(self.committed) - shadow.start)
+        self.policy.observe_shadow(observation, tested=tested, behind=len(self.committed) - shadow.start)
+
+    def _sampled_chances(self, proposal: Proposal, start: int, decoded: list[int]) -> tuple[float, ...]:
+        """Under sampling, min(1, q~_i(y_i) / p(y_i)) for each decoded token y_i from where the
+        probe's drafts start, up to and including the first that differs from its draft (the
+        drafts after it were drawn after another prefix, so their q~ is not the draft's there)."""
+        return sampled_acceptance_chances(
+            proposal, decoded, [self._decoded_probabilities.get(start + i) for i in range(len(decoded))])
 
     def _decode(self, plain_rounds: int = 0) -> AsyncIterator[tuple[int, ...]]:
         """The target decodes the next tokens in one streamed call, each exactly a round without
@@ -384,15 +405,19 @@ class Generation:
             return GUARDED_DECODE_STEPS
         return guarded_decode_steps(self.guard.seconds_until_change(), self._decode_token_seconds)
 
-    async def _counted(self, steps: AsyncIterator[tuple[int, ...]], planned: int
-                       ) -> AsyncIterator[tuple[int, ...]]:
-        """The Decode's tokens, each a K = 0 round in the stats; after it, told to the policy when
-        the policy chose these rounds (planned > 0 of them, at most a call's), with its pace per
-        token if it ran them all (a stretch cut short by the request's end or the guard is no
-        stretch's pace)."""
+    async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int) -> AsyncIterator[tuple[int, ...]]:
+        """The Decode's tokens, each a K = 0 round in the stats (under sampling their p(y) kept
+        for a probe beside the stretch); after it, told to the policy when the policy chose these
+        rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
+        (a stretch cut short by the request's end or the guard is no stretch's pace)."""
         started, decoded = time.perf_counter(), 0
+        self._decoded_probabilities.clear()
         try:
-            async for tokens in steps:
+            async for step in steps:
+                tokens = step.token_ids
+                # C takes each step's tokens before the next is asked for: they go at len(C) on.
+                for offset, probability in enumerate(step.probabilities):
+                    self._decoded_probabilities[len(self.committed) + offset] = probability
                 decoded += len(tokens)
                 self.stats.decoded_tokens += len(tokens)
                 for _ in tokens:
@@ -580,6 +605,27 @@ def guarded_decode_steps(seconds_until_change: float, seconds_per_token: float |
     if seconds_per_token is None:
         return GUARDED_DECODE_STEPS
     return max(1, int(min(MAX_DECODE_STEPS, seconds_until_change / seconds_per_token)))
+
+
+def sampled_acceptance_chances(proposal: Proposal, decoded: Sequence[int],
+                               probabilities: Sequence[float | None]) -> tuple[float, ...]:
+    """A probe's drafts d_1.. (each drawn from its q~_i) against the tokens y_1.. the target
+    sampled from the same start, each from its p_i with probability probabilities[i]: for each
+    position up to and including the first with y_i != d_i, min(1, q~_i(y_i) / p_i(y_i)), whose
+    mean over y_i ~ p_i is sum(min(p_i, q~_i)), the chance a Verify accepts the draft there. Past
+    that position q~_i followed a prefix the target did not take. Stops at a token without its
+    probability; empty when the first has none."""
+    chances: list[float] = []
+    for draft, token, distribution, probability in zip(proposal.token_ids, decoded, proposal.distributions,
+                                                       probabilities):
+        if probability is None or probability <= 0.0:
+            break
+        total = sum(distribution.probs)
+        q = sum(p for t, p in zip(distribution.token_ids, distribution.probs) if t == token)
+        chances.append(min(1.0, (q / total if total > 0 else 0.0) / probability))
+        if token != draft:
+            break
+    return tuple(chances)
 
 
 def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal | None = None,

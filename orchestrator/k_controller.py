@@ -56,10 +56,12 @@ to 0. There is nothing to tune: n, R_others and the slope b are measured.
 The controller switches only when the new K beats the current one by a margin (hysteresis). While
 K = 0 alpha is not observed, so it probes with a small K on a schedule that backs off while probes
 keep losing (the probes are also how K comes back when the load drops and alpha is stale). A
-session that can probe in the shadow (``shadow_probes``: greedy decoding with a model draft) runs
-a due probe beside its next stretch instead of as a round: the draft proposes from where the
-stretch starts while the target decodes it, and the drafts that match the target's tokens are
-exactly what a Verify would have accepted, so alpha is measured without a round of drafting, and
+session that can probe in the shadow (``shadow_probes``: a model draft) runs a due probe beside
+its next stretch instead of as a round: the draft proposes from where the stretch starts while the
+target decodes it. Under greedy decoding the drafts that match the target's tokens are exactly
+what a Verify would have accepted; under sampling each decoded token y, up to the first draft it
+differs from, tells min(1, q~(y) / p(y)) with p(y) from the target's Decode, an unbiased estimate
+of the acceptance sum(min(p, q~)) there. So alpha is measured without a round of drafting, and
 without interrupting the stretch (``shadow_probe`` / ``observe_shadow``). Two kinds of optimism
 keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an alpha one
 posterior sd higher (at K = 0 alpha is no longer observed; not where drafting at the estimate
@@ -357,7 +359,7 @@ class AdaptiveKController:
 
     One instance per session; `priors`, if given, is shared by the sessions of a pool: it seeds
     this session's estimates and receives them after every round. shadow_probes: the session can
-    probe beside a stretch (greedy decoding with a model draft; see the module docstring).
+    probe beside a stretch (a model draft; see the module docstring).
     """
 
     def __init__(
@@ -482,12 +484,16 @@ class AdaptiveKController:
 
     def observe_shadow(self, observation: RoundObservation, tested: int, behind: int) -> None:
         """A probe run beside a stretch: observation holds its K, the drafts the stretch's tokens
-        matched (greedy: exactly those a Verify would have accepted) and the Propose's timings,
-        nothing of the target's; tested: the drafts the stretch had tokens for (fewer than K when
-        it ended first); behind: committed tokens the draft has not seen since. Then K is chosen
-        again, and the probe interval backs off as after a probe round that leaves K at 0."""
+        matched (greedy: exactly those a Verify would have accepted), under sampling each tested
+        position's chance of acceptance (acceptance_signal), and the Propose's timings, nothing
+        of the target's; tested: the drafts the stretch had tokens for (fewer than K when it ended
+        first); behind: committed tokens the draft has not seen since. Then K is chosen again,
+        and the probe interval backs off as after a probe round that leaves K at 0."""
         index = self._round
-        self._alpha.update(min(tested, observation.num_speculative_tokens), observation.num_accepted, index)
+        if observation.acceptance_signal:
+            self._alpha.update_expected(observation.acceptance_signal, index)
+        else:
+            self._alpha.update(min(tested, observation.num_speculative_tokens), observation.num_accepted, index)
         self._update_draft_estimates(observation, index)
         self._pending_catchup_tokens = max(0, behind)
         self._decide()

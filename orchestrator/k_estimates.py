@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
 # The verify slope's ridge penalty is scaled as if measured at this many rows, so that a prior
@@ -83,12 +84,24 @@ class AcceptanceEstimate:
     def update(self, num_speculative_tokens: int, num_accepted: int, round_index: int) -> None:
         if num_speculative_tokens <= 0:
             return  # K = 0: nothing was tested
+        self._add(num_accepted, 1.0 if num_accepted < num_speculative_tokens else 0.0, round_index)
+
+    def update_expected(self, acceptances: Sequence[float], round_index: int) -> None:
+        """Positions tested by their chance of acceptance instead of its outcome (each in [0, 1],
+        an unbiased estimate of sum(min(p, q~)) there): each adds its chance to the accepted and
+        the rest to the rejected, as a position accepted (1, 0) or rejected (0, 1) does."""
+        if not acceptances:
+            return
+        chances = [min(1.0, max(0.0, chance)) for chance in acceptances]
+        self._add(sum(chances), len(chances) - sum(chances), round_index)
+
+    def _add(self, accepted: float, rejected: float, round_index: int) -> None:
         if self.last_round is not None:
             keep = self.decay ** max(0, round_index - self.last_round)
             self.accepted *= keep
             self.rejected *= keep
-        self.accepted += num_accepted
-        self.rejected += 1.0 if num_accepted < num_speculative_tokens else 0.0
+        self.accepted += accepted
+        self.rejected += rejected
         self.last_round = round_index
         self.session_samples += 1
 

@@ -116,16 +116,20 @@ class PlainStretches(Protocol):
 @runtime_checkable
 class ShadowProbes(Protocol):
     """A policy that can measure acceptance beside a stretch of K = 0 rounds instead of in a probe
-    round of its own (the adaptive controller of a greedy session with a model draft): the draft
-    proposes from where the stretch starts while the target decodes it, and under greedy decoding
-    the drafts that match the decoded tokens are exactly those a Verify would have accepted."""
+    round of its own (the adaptive controller of a session with a model draft): the draft proposes
+    from where the stretch starts while the target decodes it. Under greedy decoding the drafts
+    that match the decoded tokens are exactly those a Verify would have accepted; under sampling
+    each decoded token y up to the first draft it differs from (the drafts after that follow
+    another prefix) gives min(1, q~(y) / p(y)), whose mean is that position's acceptance."""
 
     def shadow_probe(self) -> int:
         """K of the probe that plain_rounds(shadow=True) took for the coming stretch; 0: none."""
 
     def observe_shadow(self, observation: RoundObservation, tested: int, behind: int) -> None:
         """Record it: its K, the drafts matched and the Propose's timings (no target figures);
-        tested: drafts the stretch had tokens for; behind: tokens the draft has not seen since."""
+        under sampling its acceptance_signal holds min(1, q~(y) / p(y)) for each position tested
+        (empty when greedy); tested: the positions the stretch tested (greedy: the drafts it had
+        tokens for); behind: tokens the draft has not seen since."""
 
 
 @dataclass

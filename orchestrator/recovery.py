@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from orchestrator.clients import DraftClient, SpeculateCall, TargetClient
+from orchestrator.clients import DecodeStep, DraftClient, SpeculateCall, TargetClient
 from orchestrator.pool import Client, Lease, Replica, ReplicaPool
 from orchestrator.stats import GenerationStats
 from specdec.errors import (
@@ -297,11 +297,11 @@ class SessionReplicas:
         return await self._target_call(committed, "verify",
                                        lambda client, handle: client.verify(handle, proposal))
 
-    async def decode(self, committed: Sequence[int], max_tokens: int) -> AsyncIterator[tuple[int, ...]]:
-        """Plain decoding of up to max_tokens tokens (speculation off), each step's tokens as they
-        come. committed must be the caller's live C, which takes every step's tokens before it
-        asks for the next: a session lost mid-stream is re-prefilled from it and the rest decoded
-        there."""
+    async def decode(self, committed: Sequence[int], max_tokens: int) -> AsyncIterator[DecodeStep]:
+        """Plain decoding of up to max_tokens tokens (speculation off), each step as it comes (a
+        step with tokens; the call's timing is recorded here). committed must be the caller's live
+        C, which takes every step's tokens before it asks for the next: a session lost mid-stream
+        is re-prefilled from it and the rest decoded there."""
         left = max_tokens
         for _ in range(MAX_TARGET_RECOVERIES):
             placement = self.target
@@ -313,7 +313,7 @@ class SessionReplicas:
                         self.stats.add_target_call(step.timing)
                     left -= len(step.token_ids)
                     if step.token_ids:  # the last message brings only the timing, normally
-                        yield step.token_ids
+                        yield step
                 return
             except (SessionLost, ReplicaLost) as error:
                 await self._target_lost(placement, error, committed, "decode")

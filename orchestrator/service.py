@@ -258,10 +258,10 @@ class OrchestratorService:
             shadow_probe_num_speculative_tokens=min(base.shadow_probe_num_speculative_tokens, maximum),
         )
         kind = "greedy" if greedy else "sampled"
-        # Probes beside a stretch: under greedy decoding a model draft's matches are its acceptance
-        # (not under pipelining auto, whose probes also measure the draft's candidate ranks).
-        shadow = (greedy and self.model_draft
-                  and (speculation.pipeline or self.config.pipeline) != "auto")
+        # Probes beside a stretch, with a model draft: its matches are its acceptance (greedy), or
+        # give it with the target's p (sampling). Not under pipelining auto, whose probes also
+        # measure the draft's candidate ranks.
+        shadow = self.model_draft and (speculation.pipeline or self.config.pipeline) != "auto"
         return AdaptiveKController(controller, priors=self.controller_priors[kind],
                                    lookup_priors=self.lookup_priors[kind], shadow_probes=shadow)
 

@@ -17,7 +17,14 @@ from specdec.errors import InvalidInput, OutOfRange
 from specdec.kv_cache import SequenceCache
 from specdec.models import LoadedModel
 from specdec.ragged import Feed, Job
-from specdec.protocol import MAX_DECODE_STEPS, MAX_DRAFT_TOP_M, Proposal, SparseDistribution, check_token_ids
+from specdec.protocol import (
+    MAX_DECODE_STEPS,
+    MAX_DRAFT_TOP_M,
+    DecodedToken,
+    Proposal,
+    SparseDistribution,
+    check_token_ids,
+)
 from specdec.sampling import (
     SamplingParams,
     VerifyOutcome,
@@ -71,6 +78,12 @@ class TargetEngine:
 
     def verify(self, state: TargetSessionState, proposal: Proposal) -> Job[VerifyOutcome]:
         """One round: feeds [C[-1], d1..dK] in one pass, accepts a prefix, truncates to C'[:-1]."""
+        outcome, _ = yield from self._verify(state, proposal)
+        return outcome
+
+    def _verify(self, state: TargetSessionState, proposal: Proposal
+                ) -> Job[tuple[VerifyOutcome, torch.Tensor | None]]:
+        """verify, with the round's processed target distributions ((K + 1, V); None if greedy)."""
         num_speculative_tokens = len(proposal.token_ids)
         committed = state.committed_length
         if committed + num_speculative_tokens > self.loaded.max_context:
@@ -82,11 +95,13 @@ class TargetEngine:
         logits = yield Feed(state.cache, rows, keep_all=True)  # (K + 1, V)
         drafts = torch.tensor(proposal.token_ids, dtype=torch.long)  # (K,)
         sampling = state.sampling
+        target_probs = None
         if sampling.greedy:
             outcome = verify_greedy(logits, drafts)
         else:
+            target_probs = process_logits(logits, sampling)
             outcome = verify_sampled_one(
-                target_probs=process_logits(logits, sampling),
+                target_probs=target_probs,
                 draft_token_ids=drafts,
                 draft_probs=self._dense_drafts(proposal),
                 accept_uniforms=torch.tensor(
@@ -97,26 +112,31 @@ class TargetEngine:
             )
         state.cache.truncate(committed + outcome.num_accepted)
         state.last_token_id = outcome.next_token_id
-        return outcome
+        return outcome, target_probs
 
     def decode(self, state: TargetSessionState, max_tokens: int,
-               emit: Callable[[int], None] = lambda token: None,
-               stopped: Callable[[], bool] = lambda: False) -> Job[list[int]]:
+               emit: Callable[[DecodedToken], None] = lambda token: None,
+               stopped: Callable[[], bool] = lambda: False) -> Job[list[DecodedToken]]:
         """Plain decoding: up to max_tokens Verify rounds without drafts, one pass each, so every
-        token is exactly the one those rounds would return; emit(token) after each. Stops after an
-        end-of-sequence token of the model's, at the max context, or once stopped() (checked
-        before each step)."""
+        token is exactly the one those rounds would return (under sampling with its probability
+        p, DecodedToken); emit(token) after each. Stops after an end-of-sequence token of the
+        model's, at the max context, or once stopped() (checked before each step)."""
         if not 1 <= max_tokens <= MAX_DECODE_STEPS:
             raise InvalidInput(f"max_tokens must be in [1, {MAX_DECODE_STEPS}], got {max_tokens}")
         if state.committed_length >= self.loaded.max_context:
             raise OutOfRange(f"decoding at length {state.committed_length} exceeds the max context "
                              f"{self.loaded.max_context}")
-        tokens: list[int] = []
+        tokens: list[DecodedToken] = []
         while len(tokens) < max_tokens and state.committed_length < self.loaded.max_context and not stopped():
-            outcome = yield from self.verify(state, _NO_DRAFTS)
-            tokens.append(outcome.next_token_id)
-            emit(outcome.next_token_id)
-            if outcome.next_token_id in self.loaded.eos_token_ids:
+            outcome, target_probs = yield from self._verify(state, _NO_DRAFTS)
+            token_id = outcome.next_token_id
+            probability = None
+            if target_probs is not None:  # a round without drafts draws its token from p itself
+                probability = float(target_probs[0, token_id] / target_probs[0].sum())
+            token = DecodedToken(token_id, probability)
+            tokens.append(token)
+            emit(token)
+            if token_id in self.loaded.eos_token_ids:
                 break
         return tokens
 

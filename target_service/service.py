@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from specdec.models import LoadedModel, tokenizer_files
 from specdec.ragged import Job
-from specdec.protocol import Handle, Proposal, SamplingParams, Timing, VerifyOutcome
+from specdec.protocol import DecodedToken, Handle, Proposal, SamplingParams, Timing, VerifyOutcome
 from specdec.serving import ServiceConfig, SessionService
 from target_service.engine import TargetEngine, TargetSessionState
 
@@ -41,11 +41,11 @@ class TargetService(SessionService[TargetSessionState]):
 
         return await self.call(handle, apply)
 
-    async def decode(self, handle: Handle, max_tokens: int, emit: Callable[[int], None],
-                     stopped: Callable[[], bool]) -> tuple[Handle, list[int], Timing]:
+    async def decode(self, handle: Handle, max_tokens: int, emit: Callable[[DecodedToken], None],
+                     stopped: Callable[[], bool]) -> tuple[Handle, list[DecodedToken], Timing]:
         """TargetEngine.decode as one call; emit(token) runs on the model thread after each step.
         A repeat of the last applied handle gets its tokens in the result, with no emit."""
-        def apply(state: TargetSessionState) -> Job[tuple[int, list[int]]]:
+        def apply(state: TargetSessionState) -> Job[tuple[int, list[DecodedToken]]]:
             tokens = yield from self.engine.decode(state, max_tokens, emit, stopped)
             return state.committed_length, tokens
 

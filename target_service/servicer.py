@@ -10,7 +10,7 @@ import grpc
 
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from specdec.protocol import Proposal
+from specdec.protocol import DecodedToken, Proposal
 from target_service.service import TargetService
 
 
@@ -51,7 +51,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     async def Decode(self, request: target_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
         """Streams each token as its pass ends; the last message carries the call's timing."""
         loop = asyncio.get_running_loop()
-        steps: asyncio.Queue[int] = asyncio.Queue()
+        steps: asyncio.Queue[DecodedToken] = asyncio.Queue()
         stop = threading.Event()
         start = convert.handle_from_proto(request.handle)
         decoding = asyncio.ensure_future(self.service.decode(
@@ -67,9 +67,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     break
                 sent += 1
                 yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(
-                    replace(start, committed_length=start.committed_length + sent)), token_ids=[step.result()])
+                    replace(start, committed_length=start.committed_length + sent)), **_decoded([step.result()]))
             handle, tokens, timing = await decoding
-            yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(handle), token_ids=tokens[sent:],
+            yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(handle), **_decoded(tokens[sent:]),
                                             last=True, **convert.timing_fields(timing))
         finally:
             stop.set()  # the caller went away: the job stops before its next step
@@ -85,3 +85,11 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             files=[target_pb2.TokenizerFile(name=n, content=c) for n, c in self.service.tokenizer_files()],
             tokenizer_hash=self.service.loaded.tokenizer_hash,
         )
+
+
+def _decoded(tokens: list[DecodedToken]) -> dict[str, list]:
+    """A DecodeResponse's token_ids and, under sampling, their token_probabilities."""
+    fields: dict[str, list] = {"token_ids": [token.token_id for token in tokens]}
+    if tokens and all(token.probability is not None for token in tokens):
+        fields["token_probabilities"] = [token.probability for token in tokens]
+    return fields

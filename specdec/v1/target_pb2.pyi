@@ -76,7 +76,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last")
+    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last", "token_probabilities")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class DecodeResponse(_message.Message):
     PASS_ROWS_FIELD_NUMBER: _ClassVar[int]
     PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     compute_seconds: float
@@ -91,7 +92,8 @@ class DecodeResponse(_message.Message):
     pass_rows: float
     pass_sessions: float
     last: bool
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ...) -> None: ...
+    token_probabilities: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ..., token_probabilities: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()

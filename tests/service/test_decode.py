@@ -17,6 +17,7 @@ from specdec.errors import InvalidInput
 from specdec.models import ModelConfig, load_model
 from specdec.protocol import Proposal, SamplingParams
 from specdec.ragged import run_alone
+from specdec.sampling import process_logits
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from target_service.engine import TargetEngine
@@ -80,6 +81,15 @@ def test_decode_returns_the_tokens_of_as_many_plain_verifies(loop_thread, stack,
     assert first[-1].timing.compute_seconds > 0 and first[-1].timing.pass_rows >= 1
     assert _tokens(again) == _tokens(second) and again[-1].handle == second[-1].handle
     assert second[-1].handle.committed_length == handle.committed_length == len(PROMPT) + 1 + 10
+    # Under sampling each token comes with its probability (the engine test checks its value); a
+    # retry's with the same; greedy sends none.
+    for step in first + second + again:
+        if mode == "greedy":
+            assert step.probabilities == ()
+        else:
+            assert len(step.probabilities) == len(step.token_ids)
+            assert all(0.0 < p <= 1.0 for p in step.probabilities)
+    assert [p for s in again for p in s.probabilities] == [p for s in second for p in s.probabilities]
 
 
 def test_a_cancelled_decode_stops_and_its_handle_tells_how_far_it_went(loop_thread, stack):
@@ -119,7 +129,7 @@ def test_decode_stops_after_an_end_of_sequence_token(tiny_pair):
 
     def decode(engine: TargetEngine, steps: int) -> list[int]:
         state, _ = run_alone(loaded.model, engine.prefill(PROMPT, greedy, resume=False))
-        return run_alone(loaded.model, engine.decode(state, steps))
+        return [token.token_id for token in run_alone(loaded.model, engine.decode(state, steps))]
 
     free = decode(TargetEngine(dataclasses.replace(loaded, eos_token_ids=()), 8), 8)
     # The first decoded token that occurs only once, made the model's end of sequence.
@@ -128,6 +138,29 @@ def test_decode_stops_after_an_end_of_sequence_token(tiny_pair):
     assert decode(TargetEngine(ending, 8), 8) == free[:stop_at + 1]
     near_the_end = dataclasses.replace(loaded, eos_token_ids=(), max_context=len(PROMPT) + 4)
     assert decode(TargetEngine(near_the_end, 8), 8) == free[:3]  # C reaches the max context
+
+
+def test_a_sampled_decode_gives_each_token_its_probability_under_the_request_sampling(tiny_pair):
+    """p(y) of each decoded token is its probability in the target's processed distribution at
+    that position (temperature, top-k, top-p), as a full forward pass over the prefix gives it:
+    a probe beside a stretch divides the draft's q~(y) by it."""
+    loaded = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
+    engine = TargetEngine(dataclasses.replace(loaded, eos_token_ids=()), 8)
+    for sampling in (SamplingParams(temperature=0.9, top_p=0.95, seed=11),
+                     SamplingParams(temperature=1.3, top_k=5, seed=4),
+                     SamplingParams(temperature=0.0)):
+        state, first = run_alone(loaded.model, engine.prefill(PROMPT, sampling, resume=False))
+        decoded = run_alone(loaded.model, engine.decode(state, 8))
+        prefix = [*PROMPT, first]
+        for token in decoded:
+            if sampling.greedy:
+                assert token.probability is None
+            else:
+                with torch.no_grad():
+                    logits = loaded.model(torch.tensor([prefix])).logits[0, -1]
+                expected = process_logits(logits, sampling)[token.token_id].item()
+                assert expected > 0 and token.probability == pytest.approx(expected, rel=1e-9)
+            prefix.append(token.token_id)
 
 
 def _reference(model, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -21,6 +21,7 @@ from tests.service.test_lookup_drafts import _generate, start_lookup_stack
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3]
 MAX_NEW_TOKENS = 160
 ADAPTIVE = Speculation(mode="adaptive")
+SAMPLED_SEED = 0  # at T = 0.3 the tiny target's answer to PROMPT runs to MAX_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,9 @@ def _far_draft_stack(loop_thread, tiny_pair, method: str):
     generate(speculation, max_new_tokens) -> (tokens, stats)."""
     running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, method))
 
-    def generate(speculation: Speculation, max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 0.0):
-        sampling = SamplingParams(temperature=temperature, seed=7)
+    def generate(speculation: Speculation, max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 0.0,
+                 seed: int = 7):
+        sampling = SamplingParams(temperature=temperature, seed=seed)
         return loop_thread.run(_generate(running.service, PROMPT, sampling, speculation=speculation,
                                          max_new_tokens=max_new_tokens))
 
@@ -66,10 +68,14 @@ def test_a_session_at_k0_decodes_its_rounds_in_stretches(loop_thread, tiny_pair,
         # The controller learned the stretches' pace against its K = 0 Verify round's.
         factor = stats.controller_estimates["plain_factor"]
         assert PLAIN_FACTOR_RANGE[0] <= factor <= PLAIN_FACTOR_RANGE[1]
-        # Sampled, a draft's match is not its acceptance: no probe runs beside a stretch (its
-        # probes are rounds between stretches, tests/unit/test_k_plain_stretches.py).
-        tokens, stats = generate(Speculation(mode="adaptive"), temperature=0.8)
-        assert stats.shadow_probes == 0 and len(tokens) == stats.generated_tokens >= 1
+        # Sampled, the probes run beside the stretches too: the target's Decode sends each token's
+        # p(y), which the draft's q~(y) is weighed against (tests/unit/test_k_shadow_probes.py). The
+        # far draft is accepted rarely, and so it is measured: alpha falls from the prior's.
+        tokens, stats = generate(ADAPTIVE, temperature=0.3, seed=SAMPLED_SEED)
+        print(len(tokens), stats)
+        assert len(tokens) == stats.generated_tokens == MAX_NEW_TOKENS
+        assert stats.shadow_probes >= 1 and stats.decoded_tokens >= MAX_NEW_TOKENS // 2, stats.shadow_probes
+        assert stats.controller_estimates["alpha"] < 0.4
 
 
 @pytest.mark.parametrize("method", ["model", "hybrid"])

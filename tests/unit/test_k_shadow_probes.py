@@ -1,13 +1,22 @@
-"""Probes beside a stretch (ShadowProbes): a greedy session at K = 0 measures acceptance from the
-draft's proposal against the tokens its stretch decoded, instead of a probe round that drafts and
-verifies. Synthetic rounds from tests/unit/test_k_controller.py's simulator: no servers, no clocks."""
+"""Probes beside a stretch (ShadowProbes): a session at K = 0 measures acceptance from the draft's
+proposal against the tokens its stretch decoded, instead of a probe round that drafts and
+verifies: greedy, by the drafts that match; sampled, by min(1, q~(y) / p(y)) of each decoded token
+y up to the first draft it differs from. Synthetic rounds from tests/unit/test_k_controller.py's
+simulator, and the sampled estimate against speculative sampling itself: no servers, no clocks."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
+import torch
+
+from orchestrator.generation import sampled_acceptance_chances
 from orchestrator.k_controller import AdaptiveKController, KControllerConfig, best_k, seconds_per_token
+from orchestrator.k_estimates import AcceptanceEstimate
 from orchestrator.k_policy import RoundObservation, ShadowProbes
+from specdec.protocol import Proposal, SparseDistribution
+from specdec.sampling import verify_sampled
 from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play
 
 CONFIG = KControllerConfig(max_num_speculative_tokens=K_MAX)
@@ -131,8 +140,89 @@ def test_drafts_the_stretch_had_no_tokens_for_are_not_rejections() -> None:
 
 
 def test_without_shadow_probes_nothing_is_taken() -> None:
-    controller = AdaptiveKController(CONFIG)  # a sampled session's: its probes are rounds
+    controller = AdaptiveKController(CONFIG)  # e.g. a lookup draft's session: its probes are rounds
     play(controller, SimulatedServices(0), near_break_even(), 200)
     for _ in range(3):
         controller.plain_rounds(shadow=True)
         assert controller.shadow_probe() == 0
+
+
+# -- sampled: min(1, q~(y) / p(y)) ------------------------------------------------------------------
+
+
+def _sparse(probs: dict[int, float]) -> SparseDistribution:
+    return SparseDistribution(tuple(probs), tuple(probs.values()))
+
+
+def test_a_sampled_probe_weighs_each_token_up_to_the_first_draft_it_differs_from() -> None:
+    proposal = Proposal(token_ids=(3, 5, 7, 1), distributions=(
+        _sparse({3: 0.5, 4: 0.5}), _sparse({5: 0.2, 6: 0.6, 2: 0.2}), _sparse({7: 1.0}), _sparse({1: 1.0})))
+    # y1 = 3 matches its draft; y2 = 6 does not (its q~ still holds: same prefix), y3 follows
+    # another prefix than the draft's third token did, so it is not tested.
+    chances = sampled_acceptance_chances(proposal, [3, 6, 7, 1], [0.25, 0.9, 0.5, 0.5])
+    assert chances == pytest.approx((1.0, 0.6 / 0.9))
+    # y1 differs from d1 at once: only position 1 is tested, whatever follows
+    assert sampled_acceptance_chances(proposal, [4, 5], [0.8, 0.5]) == pytest.approx((0.5 / 0.8,))
+    # a token the draft gave no mass: never accepted there
+    assert sampled_acceptance_chances(proposal, [9], [0.5]) == (0.0,)
+    # q~ as sent is read as the target reads it: divided by its sum
+    unnormalised = Proposal(token_ids=(3,), distributions=(_sparse({3: 2.0, 4: 6.0}),))
+    assert sampled_acceptance_chances(unnormalised, [4], [1.0]) == pytest.approx((0.75,))
+    # without the target's p(y) nothing is measured from there on
+    assert sampled_acceptance_chances(proposal, [3, 5], [None, 0.5]) == ()
+    assert sampled_acceptance_chances(proposal, [3, 5], [0.5, None]) == pytest.approx((1.0,))
+    assert sampled_acceptance_chances(Proposal(token_ids=(3,)), [3], [0.5]) == ()  # greedy: no q~
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_sampled_estimate_averages_to_what_speculative_sampling_accepts(seed) -> None:
+    """Over y ~ p, min(1, q~(y) / p(y)) averages to sum(min(p, q~)), and speculative sampling
+    (specdec.sampling.verify_sampled) accepts a draft d ~ q~ as often: the probe measures the
+    acceptance a Verify would see, for peaked, flat and disjoint-ish pairs."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab, trials = 12, 20000
+    for sharpness in (0.5, 2.0, 6.0):
+        p = torch.softmax(sharpness * torch.randn(vocab, generator=generator, dtype=torch.float64), -1)
+        q = torch.softmax(sharpness * torch.randn(vocab, generator=generator, dtype=torch.float64), -1)
+        exact = float(torch.minimum(p, q).sum())
+        ys = torch.multinomial(p, trials, replacement=True, generator=generator)
+        distribution = _sparse({i: float(q[i]) for i in range(vocab)})
+        estimate = sum(sampled_acceptance_chances(Proposal((vocab,), (distribution,)), [int(y)], [float(p[y])])[0]
+                       for y in ys.tolist()) / trials
+        drafts = torch.multinomial(q, trials, replacement=True, generator=generator)
+        accepted, _, _ = verify_sampled(
+            p.expand(trials, 2, vocab), drafts.unsqueeze(-1), q.expand(trials, 1, vocab),
+            torch.rand(trials, 1, generator=generator, dtype=torch.float64),
+            torch.rand(trials, generator=generator, dtype=torch.float64))
+        acceptance = float(accepted.double().mean())
+        # 20000 draws: the standard error is under 0.0036 for either; 4 of them
+        assert estimate == pytest.approx(exact, abs=0.015), (sharpness, estimate, exact)
+        assert acceptance == pytest.approx(exact, abs=0.015), (sharpness, acceptance, exact)
+
+
+def test_expected_acceptances_count_as_outcomes_do() -> None:
+    """Chances of 1 and 0 are the outcomes: the same alpha as the accepted/rejected counts; a
+    chance in between adds its share to each."""
+    counted, expected = (AcceptanceEstimate(0.6, 4.0, 1.0) for _ in range(2))
+    counted.update(4, 2, 0)  # two accepted, the third rejected
+    expected.update_expected((1.0, 1.0, 0.0), 0)
+    assert expected.alpha == pytest.approx(counted.alpha)
+    shared = AcceptanceEstimate(0.6, 4.0, 1.0)
+    shared.update_expected((0.2, 0.1), 0)
+    assert shared.alpha == pytest.approx((0.6 * 4 + 0.3) / (4 + 2))
+
+
+def test_a_sampled_shadow_probe_moves_alpha_by_its_chances_not_its_matches() -> None:
+    """Sampled, a draft rarely equals the token the target drew even where it is often accepted:
+    the controller takes the chances the observation carries, not its match count."""
+    world = near_break_even()
+    low, high = (AdaptiveKController(CONFIG, shadow_probes=True) for _ in range(2))
+    base = shadow_observation(SHADOW_K, 0, world)
+    low.observe_shadow(RoundObservation(SHADOW_K, 0, (0.05,), *_timings(base)), tested=1, behind=4)
+    high.observe_shadow(RoundObservation(SHADOW_K, 0, (0.95,), *_timings(base)), tested=1, behind=4)
+    assert low.estimates()["alpha"] < CONFIG.prior_alpha < high.estimates()["alpha"]
+
+
+def _timings(observation: RoundObservation) -> tuple:
+    return (observation.draft_compute_seconds, observation.draft_wall_seconds, observation.draft_fed_tokens,
+            observation.verify_compute_seconds, observation.verify_wall_seconds)
