@@ -453,12 +453,9 @@ class AdaptiveKController:
         plain drafting does not) or has not been measured yet (PipelineConfig.measured_outcomes).
         shadow: the caller can run a probe beside the stretch; a probe due then does not end
         the stretch but is taken for it (shadow_probe() gives its K)."""
+        self._shadow_num_speculative_tokens = 0
         if self._num_speculative_tokens != 0:
-            self._shadow_num_speculative_tokens = 0
             return 0
-        if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
-            self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
-            self._rounds_since_probe = 0
         if self._ahead is not None:
             if not self._ahead.ranks_measured:
                 return 0  # K = 0 priced as Verify rounds: run as such
@@ -467,13 +464,17 @@ class AdaptiveKController:
                                                               self._config.max_num_speculative_tokens,
                                                               self._max_fanout):
                 return 0
+        if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
+            self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
+            self._rounds_since_probe = 0
         return max(0, self._probe_interval - self._rounds_since_probe)
 
     @property
     def _shadows(self) -> bool:
-        """Whether this session probes beside its stretches: shadow_probes, and not under
-        pipelining auto (whose probes draft ahead, to measure the draft's candidate ranks too)."""
-        return self._shadow_probes and self._ahead is None
+        """Whether this session probes beside its stretches: shadow_probes, and under pipelining
+        auto only once the pool has measured the draft's candidate ranks (until then its probes
+        from K = 0 draft ahead, to measure them)."""
+        return self._shadow_probes and (self._ahead is None or self._ahead.ranks_measured)
 
     def shadow_probe(self) -> int:
         """K of the probe plain_rounds(shadow=True) took for the stretch the caller now runs (0:

@@ -259,11 +259,10 @@ class OrchestratorService:
         )
         kind = "greedy" if greedy else "sampled"
         # Probes beside a stretch, with a model draft: its matches are its acceptance (greedy), or
-        # give it with the target's p (sampling). Not under pipelining auto, whose probes also
-        # measure the draft's candidate ranks.
-        shadow = self.model_draft and (speculation.pipeline or self.config.pipeline) != "auto"
+        # give it with the target's p (sampling). Under pipelining auto once the draft's candidate
+        # ranks are measured (AdaptiveKController._shadows).
         return AdaptiveKController(controller, priors=self.controller_priors[kind],
-                                   lookup_priors=self.lookup_priors[kind], shadow_probes=shadow)
+                                   lookup_priors=self.lookup_priors[kind], shadow_probes=self.model_draft)
 
     def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""
