@@ -77,8 +77,9 @@ def measured(priors: PipelinePriors) -> PipelinePriors:
     return priors
 
 
-def auto_controller(priors: PipelinePriors) -> AdaptiveKController:
-    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX))
+def auto_controller(priors: PipelinePriors, shadow_probes: bool = False) -> AdaptiveKController:
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX),
+                                     shadow_probes=shadow_probes)
     controller.pipeline(max_fanout=3, priors=priors)
     return controller
 

@@ -19,7 +19,7 @@ from orchestrator.pipeline_policy import PipelinePriors
 from specdec.protocol import Proposal, SparseDistribution
 from specdec.sampling import verify_sampled
 from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play
-from tests.unit.test_k_plain_stretches import draft_hop_world, measured
+from tests.unit.test_k_plain_stretches import auto_controller, draft_hop_world, measured
 
 CONFIG = KControllerConfig(max_num_speculative_tokens=K_MAX)
 SHADOW_K = CONFIG.shadow_probe_num_speculative_tokens
@@ -233,29 +233,18 @@ def _timings(observation: RoundObservation) -> tuple:
 # -- under pipelining auto ------------------------------------------------------------------------
 
 
-def _auto(priors, world: Conditions, rounds: int = 200) -> AdaptiveKController:
-    controller = AdaptiveKController(CONFIG, shadow_probes=True)
-    controller.pipeline(max_fanout=3, priors=priors)
-    play(controller, SimulatedServices(1), world, rounds)
-    return controller
-
-
-def _to_the_next_probe(controller: AdaptiveKController, world: Conditions) -> None:
-    stretch = controller.plain_rounds()
-    assert stretch > 0
-    controller.observe_plain(stretch, world.plain_pace(stretch))
-
-
 def test_under_pipelining_auto_probes_run_beside_stretches_once_the_ranks_are_measured() -> None:
     """Until the pool has measured the draft's candidate ranks, a probe from K = 0 is a round that
     drafts ahead (to measure them); after, it runs beside the stretch like any other."""
     world = draft_hop_world()
     priors = PipelinePriors()
-    controller = _auto(priors, world)
+    controller = auto_controller(priors, shadow_probes=True)
+    play(controller, SimulatedServices(1), world, 200)
     assert controller.plain_rounds(shadow=True) == 0 and controller.shadow_probe() == 0  # Verify rounds
     measured(priors)
-    _to_the_next_probe(controller, world)
+    stretch = controller.plain_rounds()
+    assert stretch > 0
+    controller.observe_plain(stretch, world.plain_pace(stretch))
     assert controller.plain_rounds() == 0  # due: a caller without shadow probes runs a round
     assert controller.plain_rounds(shadow=True) > 0
     assert controller.shadow_probe() == SHADOW_K
-
