@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="default", help="a target directory or 'default'")
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--streams", type=int, default=len(BENCHMARK_PROMPTS),
                         help=f"prompts decoded together (at most {len(BENCHMARK_PROMPTS)})")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -83,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = {"environment": environment(), "args": {k: str(v) for k, v in vars(args).items()}, "dtypes": {}}
     lines = [f"# python benchmarks/batch_exactness.py --streams {args.streams} "
-             f"--max-new-tokens {args.max_new_tokens}", "",
+             f"--max-new-tokens {args.max_new_tokens} --device {args.device}", "",
              "| dtype | streams | streams differing | first difference (position: top-2 logit gap at batch 1) |",
              "|---|---|---|---|"]
     for dtype in args.dtypes.split(","):
-        loaded = load_model(ModelConfig(args.target, "target", dtype=dtype))
+        loaded = load_model(ModelConfig(args.target, "target", device=args.device, dtype=dtype))
         prompts = prompt_ids(loaded, args.streams)
         print(f"{dtype}: decoding {len(prompts)} prompts alone, then together ...", file=sys.stderr)
         alone, alone_logits = decode(loaded.model, prompts, args.max_new_tokens, together=False)

@@ -98,14 +98,27 @@ def build_agreeing_pair(directory: Path, perturbation: float, seed: int = 0, hid
             target.lm_head.weight[special] = 0.0  # a logit of 0 among sharpened ones: rarely the top
     draft = LlamaForCausalLM(config).eval()
     draft.load_state_dict(target.state_dict())
-    generator = torch.Generator().manual_seed(seed + 1)
+    perturb(draft, perturbation, seed + 1)
+    target_path, draft_path = save_pair(directory, target, draft, tokenizer)
+    return str(target_path), str(draft_path)
+
+
+def perturb(model, perturbation: float, seed: int) -> None:
+    """Adds Gaussian noise of `perturbation` times each parameter's spread, in place."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for parameter in draft.parameters():
+        for parameter in model.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * perturbation * parameter.std())
+
+
+def save_pair(directory: Path, target, draft, tokenizer) -> tuple[Path, Path]:
+    """directory/target and directory/draft, each a Hugging Face directory with the tokenizer."""
     paths = []
     for name, model in (("target", target), ("draft", draft)):
         path = directory / name
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
-        paths.append(str(path))
+        paths.append(path)
     return paths[0], paths[1]

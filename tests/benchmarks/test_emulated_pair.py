@@ -38,16 +38,22 @@ def test_the_stretcher_wraps_forward_only_for_the_named_role(tmp_path):
 
 @pytest.mark.parametrize("perturbation,low,high", [(0.05, 0.8, 1.0), (0.15, 0.6, 0.85)])
 def test_the_draft_agrees_less_the_more_it_is_perturbed(tmp_path, perturbation, low, high):
+    agreement, _ = greedy_agreement(*emulated_pair.build_agreeing_pair(tmp_path, perturbation))
+    assert low <= agreement <= high, agreement
+
+
+def greedy_agreement(target_dir, draft_dir, max_new_tokens: int = 96) -> tuple[float, list[int]]:
+    """How often the draft's greedy choice is the target's along the target's own greedy answer
+    to a random prompt; and that answer."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    target_dir, draft_dir = emulated_pair.build_agreeing_pair(tmp_path, perturbation)
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
     prompt = torch.randint(10, 200, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        output = target.generate(prompt, max_new_tokens=96, do_sample=False, attention_mask=torch.ones_like(prompt))
+        output = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False,
+                                 attention_mask=torch.ones_like(prompt))
         drafted = draft(output).logits[0, prompt.shape[1] - 1:-1].argmax(-1)
     generated = output[0, prompt.shape[1]:]
-    agreement = (drafted[:len(generated)] == generated).float().mean().item()
-    assert low <= agreement <= high, agreement
+    return (drafted[:len(generated)] == generated).float().mean().item(), generated.tolist()
