@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA path, checked and measured on one GPU in one short run (about 8 minutes):
+# The CUDA path, checked and measured on one GPU in one short run (about 10 minutes; the run that made the README's figures stopped at 9.5 minutes before step 5, which then ran on its own):
 #   1. the stand-in pair of benchmarks/shaped_pair.py (the default pair's shapes, random weights:
 #      a GPU box that cannot fetch the default target's weights gets only its config and tokenizer);
 #   2. greedy outputs through the three services (`specdec up --device cuda`, bfloat16), speculation
-#      off / adaptive / K = 2 / K = 4, one request at a time and 8 at once: identical or not;
+#      off / adaptive / K = 2 / K = 4, one request at a time and 8 at once: identical or not; then
+#      adaptive alone with each request's controller estimates (adaptive-<dtype>.json);
 #   3. benchmarks/bench_load.py on the GPU (streams 1..32, off / adaptive / K = 2, HF batched
 #      generate in bfloat16 as the anchor);
 #   4. benchmarks/batch_exactness.py on the GPU (float32 and bfloat16: outputs decoded alone vs in
@@ -42,6 +43,9 @@ exactness() {  # dtype: greedy outputs through the services, one at a time and 8
         --schedules off,adaptive,k=2,k=4 --temperature 0 --quiet
     timeout 120 $PY -m specdec_cli.main bench --orchestrator "127.0.0.1:$PORT" --limit 16 --max-new-tokens 48 \
         --schedules off,adaptive,k=2 --temperature 0 --concurrency 8 --quiet
+    # adaptive alone, each request's controller estimates at its end (why it chose its K)
+    timeout 90 $PY -m specdec_cli.main bench --orchestrator "127.0.0.1:$PORT" --limit 8 --max-new-tokens 48 \
+        --schedules adaptive --temperature 0 --json --quiet > "$RESULTS/adaptive-$dtype.json"
     kill -INT $up; wait $up
 }
 

@@ -556,7 +556,10 @@ def run_record(r: Run) -> dict[str, Any]:
             "finish_reason": r.finish_reason, "rounds": r.stats.rounds,
             "drafted_tokens": r.stats.drafted_tokens, "accepted_tokens": r.stats.accepted_tokens,
             "num_speculative_tokens_per_round": list(r.stats.num_speculative_tokens_per_round),
-            "num_accepted_per_round": list(r.stats.num_accepted_per_round)}
+            "num_accepted_per_round": list(r.stats.num_accepted_per_round),
+            "decode_calls": r.stats.decode_calls, "shadow_probes": r.stats.shadow_probes,
+            # why adaptive chose its K: its alpha, timings and fit at the request's end
+            "controller_estimates": dict(sorted(r.stats.controller_estimates.items()))}
 
 
 def report(summaries: dict[str, dict[str, Any]], schedules: Sequence[str], num_prompts: int,

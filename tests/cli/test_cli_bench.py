@@ -67,6 +67,22 @@ def test_bench_json_on_a_real_pair(stack, prompts_file):
     # Interleaved: each prompt under both schedules before the next prompt, the order rotated.
     assert [r["schedule"] for r in runs] == ["off", "k=2", "k=2", "off", "off", "k=2"]
     assert "[6/6]" in result.stderr  # progress, on stderr
+    # Per request, how it ran: speculation off decodes in Decode calls, K = 2 in Verify rounds
+    assert all(r["decode_calls"] >= 1 and r["shadow_probes"] == 0 for r in runs if r["schedule"] == "off")
+    assert all(r["decode_calls"] == 0 for r in runs if r["schedule"] == "k=2")
+    assert all(r["controller_estimates"] == {} for r in runs)  # no controller at fixed K
+
+
+def test_bench_json_says_why_adaptive_chose_its_k(stack, prompts_file):
+    result = _bench("--orchestrator", stack.address, "--prompts", str(prompts_file),
+                    "--schedules", "adaptive", "--max-new-tokens", "12", "--json", "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(result.stdout)["runs"]
+    assert len(runs) == 3
+    for run in runs:
+        estimates = run["controller_estimates"]
+        assert 0.0 < estimates["alpha"] < 1.0
+        assert estimates["num_speculative_tokens"] >= 0 and estimates["rtt_target"] >= 0
 
 
 def test_bench_table_with_repeats_and_concurrency(stack, prompts_file):
