@@ -9,6 +9,7 @@ from specdec.models import LoadedModel, ModelConfig, load_model
 from specdec.rpc.server import RunningServer, ServerConfig, serve_model_until_signal
 from specdec.serving import ServiceConfig
 from specdec.v1 import draft_pb2, draft_pb2_grpc
+from specdec.warmup import warm_up
 from draft_service.lookup_service import LookupDraftConfig, LookupDraftService, load_vocabulary
 from draft_service.service import DraftConfig, DraftService
 from draft_service.servicer import DraftServicer
@@ -66,7 +67,9 @@ async def serve(
 
     def load() -> LoadedModel:
         if lookup is None:
-            return load_model(model_config)
+            loaded = load_model(model_config)
+            warm_up(loaded.model, service_config.max_num_speculative_tokens + 1)  # before it reports ready
+            return loaded
         return load_vocabulary(model_config.model, model_config.max_context)
 
     await serve_model_until_signal("draft", SERVICE_NAME, server_config, load, start_loaded)

@@ -18,7 +18,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.clients import DecodeStep, DraftClient, SpeculateCall, TargetClient
-from orchestrator.k_policy import KPolicy, LookupChooser, PlainStretches, RoundObservation, ShadowProbes
+from orchestrator.k_policy import (
+    DecodedPasses,
+    KPolicy,
+    LookupChooser,
+    PlainStretches,
+    RoundObservation,
+    ShadowProbes,
+)
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
     NO_AHEAD,
@@ -410,14 +417,17 @@ class Generation:
         for a probe beside the stretch); after it, told to the policy when the policy chose these
         rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
         (a stretch cut short by the request's end or the guard is no stretch's pace)."""
-        started, decoded = time.perf_counter(), 0
+        started, decoded, timing = time.perf_counter(), 0, None
         self._decoded_probabilities.clear()
         try:
             async for step in steps:
                 tokens = step.token_ids
+                timing = step.timing or timing
                 # C takes each step's tokens before the next is asked for: they go at len(C) on.
                 for offset, probability in enumerate(step.probabilities):
                     self._decoded_probabilities[len(self.committed) + offset] = probability
+                if not tokens:
+                    continue  # the call's last message: its timing only
                 decoded += len(tokens)
                 self.stats.decoded_tokens += len(tokens)
                 for _ in tokens:
@@ -429,7 +439,12 @@ class Generation:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
                 if planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
-                    self.policy.observe_plain(decoded, pace)
+                    passes = None
+                    if timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1:
+                        # one pass per token: the target's pass time whatever the network did
+                        passes = DecodedPasses(timing.compute_seconds / decoded, timing.pass_rows,
+                                               timing.pass_sessions)
+                    self.policy.observe_plain(decoded, pace, passes)
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
         """Last round's branch for the outcome it had, if there is one and this round drafts."""

@@ -92,7 +92,7 @@ from orchestrator.k_estimates import (
     RunningEstimate,
     VerifyFit,
 )
-from orchestrator.k_policy import RoundObservation
+from orchestrator.k_policy import DecodedPasses, RoundObservation
 from orchestrator.pipelining import (
     NO_AHEAD,
     AheadObservation,
@@ -502,19 +502,32 @@ class AdaptiveKController:
         if self._priors is not None:
             self._priors.update(self._session_estimates())
 
-    def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
+    def observe_plain(self, rounds: int, seconds_per_token: float | None,
+                      passes: DecodedPasses | None = None) -> None:
         """K = 0 rounds run as one Decode: the draft owes them as catch-up, they count towards the
         next probe, and their pace, over what a K = 0 Verify round is predicted to take, prices
         K = 0 from now on (RoundCosts.plain_factor); a stretch cut short (None) teaches no pace:
         its round trip is spread over fewer tokens than a stretch's (a request that ends after
-        one token would price K = 0 at a whole round trip per token)."""
+        one token would price K = 0 at a whole round trip per token).
+
+        passes, the target's passes the rounds ran in, are verify passes like any other: their
+        time joins the verify fit at their rows, and their load the estimates of who shares the
+        pass. Without them a session at K = 0 would price drafting from its last Verify rounds
+        for good, however long ago or unrepresentative they were (a device's first passes, which
+        load kernels, cost many times a later one's: a fit left there keeps K at 0)."""
         if rounds <= 0:
             return
-        base = self._base_costs()
         self._round += rounds
         self._pending_catchup_tokens += rounds
         if self._num_speculative_tokens == 0:
             self._rounds_since_probe += rounds
+        if passes is not None:
+            index = self._round
+            self._verify.update(max(1, round(passes.rows)), passes.seconds, index, weight=rounds)
+            self._pass_rows.update(passes.rows, index)
+            self._pass_sessions.update(passes.sessions, index)
+            self._others_rows.update(max(0.0, passes.rows - 1.0), index)
+        base = self._base_costs()
         if base is not None and seconds_per_token is not None and seconds_per_token > 0:
             predicted = round_time(0, replace(base, plain_factor=None))
             if predicted > 0:

@@ -167,7 +167,11 @@ class VerifyFit:
         return tuple((rows, total / weight) for rows, (weight, total) in sorted(sums.items())
                      if weight > 1e-9)
 
-    def update(self, rows: int, seconds: float, round_index: int) -> None:
+    def update(self, rows: int, seconds: float, round_index: int, weight: float = 1.0) -> None:
+        """One pass of `rows` rows took `seconds`. weight > 1: the mean of that many passes (a
+        Decode's), which moves the line as that many samples would; its distance from the line
+        before it is then the line's error more than a step of its row count, so it leaves the
+        row counts' residuals alone."""
         if self.prior_a is None or self.prior_b is None:
             self.prior_a = seconds / (1.0 + self.slope_ratio * rows)
             self.prior_b = self.slope_ratio * self.prior_a
@@ -176,13 +180,14 @@ class VerifyFit:
             keep = self.decay ** max(0, round_index - self.last_round)
             self._sw, self._sn, self._snn = self._sw * keep, self._sn * keep, self._snn * keep
             self._st, self._snt = self._st * keep, self._snt * keep
-        self._sw += 1.0
-        self._sn += rows
-        self._snn += rows * rows
-        self._st += seconds
-        self._snt += rows * seconds
-        weight, total = self._row_sums(rows, round_index)
-        self._by_rows[rows] = (weight + 1.0, total + residual, round_index)
+        self._sw += weight
+        self._sn += weight * rows
+        self._snn += weight * rows * rows
+        self._st += weight * seconds
+        self._snt += weight * rows * seconds
+        if weight == 1.0:
+            row_weight, total = self._row_sums(rows, round_index)
+            self._by_rows[rows] = (row_weight + 1.0, total + residual, round_index)
         self.last_round = round_index
         self.session_samples += 1
 

@@ -31,6 +31,16 @@ class Speculation:
 
 
 @dataclass(frozen=True)
+class DecodedPasses:
+    """The target's passes behind a Decode's K = 0 rounds, server-reported: each pass's mean time
+    (seconds) and its mean rows and sessions (this session's one row and everyone else's)."""
+
+    seconds: float
+    rows: float
+    sessions: float
+
+
+@dataclass(frozen=True)
 class RoundObservation:
     """What one guess-verify round measured. Times in seconds."""
 
@@ -106,11 +116,12 @@ class PlainStretches(Protocol):
         """K = 0 rounds this policy commits to from now on, whatever they commit; 0: ask choose().
         shadow: the caller can run a probe beside them (ShadowProbes)."""
 
-    def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
+    def observe_plain(self, rounds: int, seconds_per_token: float | None,
+                      passes: DecodedPasses | None = None) -> None:
         """Record K = 0 rounds run as one Decode, at seconds_per_token of the call's wall time;
         None when the call was cut short of the rounds plain_rounds() committed to (the request's
         end, the context's, or the guard's): its round trip, spread over fewer tokens, is not the
-        pace of a stretch."""
+        pace of a stretch. passes: the target passes the rounds ran in (None: not reported)."""
 
 
 @runtime_checkable
@@ -151,7 +162,8 @@ class FixedK:
         """K = 0 every round: as many as a Decode takes (PlainStretches); none at K > 0."""
         return MAX_DECODE_STEPS if self.num_speculative_tokens == 0 else 0
 
-    def observe_plain(self, rounds: int, seconds_per_token: float | None) -> None:
+    def observe_plain(self, rounds: int, seconds_per_token: float | None,
+                      passes: DecodedPasses | None = None) -> None:
         pass
 
 

@@ -298,10 +298,11 @@ class SessionReplicas:
                                        lambda client, handle: client.verify(handle, proposal))
 
     async def decode(self, committed: Sequence[int], max_tokens: int) -> AsyncIterator[DecodeStep]:
-        """Plain decoding of up to max_tokens tokens (speculation off), each step as it comes (a
-        step with tokens; the call's timing is recorded here). committed must be the caller's live
-        C, which takes every step's tokens before it asks for the next: a session lost mid-stream
-        is re-prefilled from it and the rest decoded there."""
+        """Plain decoding of up to max_tokens tokens (speculation off), each step as it comes: a
+        step with tokens, and the call's last, which normally brings only its timing (also
+        recorded here). committed must be the caller's live C, which takes every step's tokens
+        before it asks for the next: a session lost mid-stream is re-prefilled from it and the rest
+        decoded there."""
         left = max_tokens
         for _ in range(MAX_TARGET_RECOVERIES):
             placement = self.target
@@ -312,7 +313,7 @@ class SessionReplicas:
                     if step.timing is not None:
                         self.stats.add_target_call(step.timing)
                     left -= len(step.token_ids)
-                    if step.token_ids:  # the last message brings only the timing, normally
+                    if step.token_ids or step.timing is not None:
                         yield step
                 return
             except (SessionLost, ReplicaLost) as error:

@@ -9,6 +9,7 @@ from specdec.models import LoadedModel, ModelConfig, load_model
 from specdec.rpc.server import RunningServer, ServerConfig, serve_model_until_signal
 from specdec.serving import ServiceConfig
 from specdec.v1 import target_pb2, target_pb2_grpc
+from specdec.warmup import warm_up
 from target_service.service import TargetService
 from target_service.servicer import TargetServicer
 
@@ -42,6 +43,9 @@ async def serve(
             log.info("metrics on http://%s:%d/metrics", server_config.host, running.metrics_port)
         return service
 
-    await serve_model_until_signal(
-        "target", SERVICE_NAME, server_config, lambda: load_model(model_config), start_loaded
-    )
+    def load() -> LoadedModel:
+        loaded = load_model(model_config)
+        warm_up(loaded.model, service_config.max_num_speculative_tokens + 1)  # before it reports ready
+        return loaded
+
+    await serve_model_until_signal("target", SERVICE_NAME, server_config, load, start_loaded)

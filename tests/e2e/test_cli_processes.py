@@ -47,6 +47,15 @@ def _reference(model, prompt: list[int]) -> list[int]:
     return output[0, len(prompt):].tolist()
 
 
+def test_model_services_warm_up_before_they_report_ready(services):
+    """Each model service runs its pass shapes once (verify passes of 1 to K_max + 1 = 17 rows)
+    before it reports ready, so that no request pays a device's first-use costs."""
+    for role in ("target", "draft"):
+        output = services[role].output()
+        assert "warmed up: 19 passes (up to 17 rows)" in output, output[-2000:]
+        assert output.index("warmed up") < output.index(f"READY {role}")
+
+
 def test_generate_command_prints_json(services, reference_target):
     result = subprocess.run(
         specdec_command("generate", "--orchestrator", services["orchestrator"].address,

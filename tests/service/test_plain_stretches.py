@@ -138,16 +138,19 @@ def test_a_stretch_cut_short_by_the_request_end_teaches_no_pace(loop_thread, tin
 def test_a_stretch_longer_than_one_decode_call_still_teaches_its_pace(loop_thread, tiny_pair, expected,
                                                                       monkeypatch):
     """Once the probes have backed off past MAX_DECODE_STEPS rounds, a stretch takes several Decode
-    calls of MAX_DECODE_STEPS tokens each: every such call ran all it could, so its pace counts."""
+    calls of MAX_DECODE_STEPS tokens each: every such call ran all it could, so its pace counts.
+    Every such call also reports the target's passes it ran in (one row each: the session is alone)."""
     from orchestrator.k_controller import AdaptiveKController
     from specdec.protocol import MAX_DECODE_STEPS
 
     observed: list[tuple[int, float | None]] = []
+    passes = []
     original = AdaptiveKController.observe_plain
 
-    def recording(self, rounds, seconds_per_token):
+    def recording(self, rounds, seconds_per_token, decoded_passes=None):
         observed.append((rounds, seconds_per_token))
-        original(self, rounds, seconds_per_token)
+        passes.append((rounds, decoded_passes))
+        original(self, rounds, seconds_per_token, decoded_passes)
 
     monkeypatch.setattr(AdaptiveKController, "observe_plain", recording)
     running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
@@ -158,6 +161,9 @@ def test_a_stretch_longer_than_one_decode_call_still_teaches_its_pace(loop_threa
         whole_calls = [pace for rounds, pace in observed if rounds == MAX_DECODE_STEPS]
         assert whole_calls, (observed, list(stats.num_speculative_tokens_per_round))
         assert all(pace is not None and pace > 0 for pace in whole_calls), observed
+        whole_passes = [p for rounds, p in passes if rounds == MAX_DECODE_STEPS]
+        assert len(whole_passes) == len(whole_calls)
+        assert all(p is not None and p.seconds > 0 and p.rows == p.sessions == 1.0 for p in whole_passes), passes
     finally:
         loop_thread.run(running.stop())
 

@@ -392,6 +392,23 @@ def test_verify_fit_learns_a_step_that_a_line_misses() -> None:
         assert fit.seconds(rows) == pytest.approx(world.verify(rows), rel=0.05), rows
 
 
+def test_a_weighted_verify_sample_counts_as_that_many_passes() -> None:
+    """A Decode's mean pass time, weighted by its passes, moves the line as the passes one by one
+    would (in the same round), and leaves the row counts' residuals alone."""
+    single, weighted = (VerifyFit(prior_strength=2.0, decay=0.98, slope_ratio=0.05) for _ in range(2))
+    for fit in (single, weighted):
+        fit.update(5, 0.30, 1)  # a cold first pass sets the prior
+        fit.update(3, 0.05, 2)
+    cold = weighted.seconds(1)
+    residuals = weighted.residuals()
+    for _ in range(12):
+        single.update(1, 0.03, 10)
+    weighted.update(1, 0.03, 10, weight=12)
+    assert weighted.coefficients() == pytest.approx(single.coefficients())
+    assert weighted.residuals() == residuals
+    assert weighted.seconds(1) == weighted.line_seconds(1) < 0.5 * cold
+
+
 def test_the_pool_hands_the_verify_shape_to_a_newcomer() -> None:
     world, priors = cpu_steps(0.5), ControllerPriors(weight=0.2)
     schedule = list(range(K_MAX + 1))  # every K, so every row count is measured

@@ -14,7 +14,7 @@ import torch
 from orchestrator.generation import sampled_acceptance_chances
 from orchestrator.k_controller import AdaptiveKController, KControllerConfig, best_k, seconds_per_token
 from orchestrator.k_estimates import AcceptanceEstimate
-from orchestrator.k_policy import RoundObservation, ShadowProbes
+from orchestrator.k_policy import DecodedPasses, RoundObservation, ShadowProbes
 from orchestrator.pipeline_policy import PipelinePriors
 from specdec.protocol import Proposal, SparseDistribution
 from specdec.sampling import verify_sampled
@@ -31,10 +31,11 @@ def shadow_observation(k: int, matched: int, world: Conditions) -> RoundObservat
 
 
 def play_shadow(controller: AdaptiveKController, world: Conditions, tokens: int,
-                seed: int = 0) -> tuple[list[int], int]:
+                seed: int = 0, passes: bool = False) -> tuple[list[int], int]:
     """Like play(), with every probe the controller takes for a stretch run beside it (its drafts
-    matched as a Verify would accept them, at world.alpha). Returns (K of each round, probes run
-    beside stretches)."""
+    matched as a Verify would accept them, at world.alpha). passes: each stretch reports its
+    target passes (a session alone: one row each, at world.verify(1)). Returns (K of each round,
+    probes run beside stretches)."""
     services, rng = SimulatedServices(seed), random.Random(seed + 1000)
     ks: list[int] = []
     shadows = 0
@@ -44,7 +45,8 @@ def play_shadow(controller: AdaptiveKController, world: Conditions, tokens: int,
             k = controller.shadow_probe()
             for _ in range(rounds):
                 services.round(0, world)
-            controller.observe_plain(rounds, world.plain_pace(rounds))
+            decoded = DecodedPasses(world.verify(1), 1.0, 1.0) if passes else None
+            controller.observe_plain(rounds, world.plain_pace(rounds), decoded)
             ks += [0] * rounds
             if k > 0:
                 tested = min(k, rounds)
@@ -248,3 +250,31 @@ def test_under_pipelining_auto_probes_run_beside_stretches_once_the_ranks_are_me
     assert controller.plain_rounds() == 0  # due: a caller without shadow probes runs a round
     assert controller.plain_rounds(shadow=True) > 0
     assert controller.shadow_probe() == SHADOW_K
+
+
+def test_a_fit_left_by_cold_passes_is_corrected_by_the_stretches_passes() -> None:
+    """A session whose first rounds ran on a cold device (every pass and draft step 10x its later
+    cost, and nothing accepted) settles at K = 0; its probes then run beside its stretches and
+    time no verify pass. Told its stretches' passes, its verify fit comes back to the device's
+    real cost and it drafts again where drafting pays; not told, it prices drafting at the cold
+    passes for good and stays at K = 0."""
+    world = Conditions(decodes=True, alpha=0.7, verify_a=0.03, verify_b=0.0005, t_draft=0.004,
+                       rtt_draft=0.002, rtt_target=0.002)
+    assert best_k(world.alpha, world.costs(), K_MAX) >= 3
+
+    def after_a_cold_start(passes: bool) -> tuple[list[int], AdaptiveKController]:
+        controller = AdaptiveKController(CONFIG, shadow_probes=True)
+        while (k := controller.choose(K_MAX)) > 0:
+            verify, draft = 10.0 * world.verify(k + 1), 10.0 * k * world.t_draft
+            controller.observe(RoundObservation(k, 0, (0.0,) * k, draft, draft + world.rtt_draft, k,
+                                                verify, verify + world.rtt_target))
+        assert controller.plain_rounds(shadow=True) > 0
+        ks, _ = play_shadow(controller, world, 3000, passes=passes)
+        return ks, controller
+
+    stuck, frozen = after_a_cold_start(passes=False)
+    assert all(k == 0 for k in stuck[-1000:])
+    assert frozen.estimates()["verify_a"] > 5 * world.verify_a
+    drafting, corrected = after_a_cold_start(passes=True)
+    assert sum(k > 0 for k in drafting[-1000:]) > 900
+    assert corrected.estimates()["verify_a"] < 2 * world.verify(1)
