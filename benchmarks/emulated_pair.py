@@ -11,7 +11,9 @@ The services, the proxies and the orchestrator are the real ones; only the model
 
 The stretching is installed in the two model service processes, never in specdec itself: a
 `sitecustomize.py` on their PYTHONPATH wraps specdec.ragged.forward when the environment variable
-SPECDEC_BENCH_PASS_SECONDS names their role (e.g. "target=0.055,0.0025;draft=0.006,0.0004").
+SPECDEC_BENCH_PASS_SECONDS names their role (e.g. "target=0.055,0.0025;draft=0.006,0.0004"), and
+with SPECDEC_BENCH_COLD_SECONDS each service's first pass of each row count takes that much longer
+(a GPU's first pass of a shape, which loads its kernels; benchmarks/cold_start.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 
 PASS_SECONDS_ENV = "SPECDEC_BENCH_PASS_SECONDS"
+# Seconds added to each service's first pass of each row count (up to STRETCHED_ROWS), as a GPU's
+# first pass of a shape pays for loading its kernels; 0 or unset: none.
+COLD_SECONDS_ENV = "SPECDEC_BENCH_COLD_SECONDS"
 # Rows a stretched pass charges at most: decoding passes (a verify, a batch of drafts) cost per
 # row as measured; a prompt's long prefill pass is not stretched beyond this many rows' time (the
 # tiny pair's byte-level tokenizer makes prompts several times longer than the default pair's).
@@ -37,15 +42,20 @@ def _install():
     if role is None or role not in figures:
         return
     fixed, per_row = (float(x) for x in figures[role].split(","))
+    cold = float(os.environ.get("{cold_env}", "0") or 0)
     import specdec.ragged as ragged
 
     real_forward = ragged.forward
+    seen = set()
 
     def forward(model, feeds):
         started = time.perf_counter()
         logits = real_forward(model, feeds)
         rows = min(sum(len(feed.token_ids) for feed in feeds), {max_rows})
         left = fixed + per_row * rows - (time.perf_counter() - started)
+        if rows not in seen:  # a device's first pass of a shape: its kernels load
+            seen.add(rows)
+            left += cold
         if left > 0:
             time.sleep(left)
         return logits
@@ -61,7 +71,8 @@ def write_pass_stretcher(directory: Path) -> Path:
     """Writes the sitecustomize.py that stretches passes into `directory` (put it first on the
     services' PYTHONPATH); returns the directory."""
     directory.mkdir(parents=True, exist_ok=True)
-    text = _SITECUSTOMIZE.replace("{env}", PASS_SECONDS_ENV).replace("{max_rows}", str(STRETCHED_ROWS))
+    text = (_SITECUSTOMIZE.replace("{env}", PASS_SECONDS_ENV).replace("{cold_env}", COLD_SECONDS_ENV)
+            .replace("{max_rows}", str(STRETCHED_ROWS)))
     (directory / "sitecustomize.py").write_text(text)
     return directory
 
