@@ -418,6 +418,7 @@ class Generation:
         rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
         (a stretch cut short by the request's end or the guard is no stretch's pace)."""
         started, decoded, timing = time.perf_counter(), 0, None
+        re_prefills = self.stats.re_prefills  # a session rebuilt mid-stream: the timing covers its last call only
         self._decoded_probabilities.clear()
         try:
             async for step in steps:
@@ -440,7 +441,8 @@ class Generation:
                 if planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
                     passes = None
-                    if timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1:
+                    if (timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1
+                            and self.stats.re_prefills == re_prefills):
                         # one pass per token: the target's pass time whatever the network did
                         passes = DecodedPasses(timing.compute_seconds / decoded, timing.pass_rows,
                                                timing.pass_sessions)
