@@ -65,7 +65,7 @@ print(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))"
     step "load: streams 1..32 on $DEVICE"
     timeout 330 $PY benchmarks/bench_load.py --device "$DEVICE" --target "$PAIR/target" --draft "$PAIR/draft" \
         --draft-method model --streams 1,4,8,16,32 --schedules off,adaptive,k=2 --seconds-per-cell 6 \
-        --max-new-tokens 48 --drain-seconds 20 --hf-dtypes bfloat16 --hf-seconds 2 \
+        --max-new-tokens 48 --drain-seconds 10 --hf-dtypes bfloat16 --hf-seconds 2 \
         --out "$RESULTS" --name gpu
 
     step "batch exactness on $DEVICE"
