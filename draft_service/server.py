@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 from specdec.metrics import start_metrics_server
-from specdec.models import LoadedModel, ModelConfig, load_model
+from specdec.models import LoadedModel, ModelConfig
 from specdec.rpc.server import RunningServer, ServerConfig, serve_model_until_signal
 from specdec.serving import ServiceConfig
 from specdec.v1 import draft_pb2, draft_pb2_grpc
-from specdec.warmup import warm_up
+from specdec.warmup import load_warm
 from draft_service.lookup_service import LookupDraftConfig, LookupDraftService, load_vocabulary
 from draft_service.service import DraftConfig, DraftService
 from draft_service.servicer import DraftServicer
@@ -67,9 +67,7 @@ async def serve(
 
     def load() -> LoadedModel:
         if lookup is None:
-            loaded = load_model(model_config)
-            warm_up(loaded.model, service_config.max_num_speculative_tokens + 1)  # before it reports ready
-            return loaded
+            return load_warm(model_config, service_config.max_num_speculative_tokens)
         return load_vocabulary(model_config.model, model_config.max_context)
 
     await serve_model_until_signal("draft", SERVICE_NAME, server_config, load, start_loaded)

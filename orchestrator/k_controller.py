@@ -522,11 +522,7 @@ class AdaptiveKController:
         if self._num_speculative_tokens == 0:
             self._rounds_since_probe += rounds
         if passes is not None:
-            index = self._round
-            self._verify.update(max(1, round(passes.rows)), passes.seconds, index, weight=rounds)
-            self._pass_rows.update(passes.rows, index)
-            self._pass_sessions.update(passes.sessions, index)
-            self._others_rows.update(max(0.0, passes.rows - 1.0), index)
+            self._observe_pass(passes.rows, passes.seconds, passes.sessions, 1, self._round, weight=rounds)
         base = self._base_costs()
         if base is not None and seconds_per_token is not None and seconds_per_token > 0:
             predicted = round_time(0, replace(base, plain_factor=None))
@@ -672,12 +668,18 @@ class AdaptiveKController:
             if self._verify.coefficients() is not None:
                 self._ahead.observe_verify(observation.drafting_ahead, verify_seconds, self._verify.seconds(rows))
             verify_seconds = self._ahead.plain_verify_seconds(verify_seconds, observation.drafting_ahead)
-        self._verify.update(rows, verify_seconds, index)
-        self._pass_rows.update(float(rows), index)
-        self._pass_sessions.update(observation.pass_sessions, index)
-        self._others_rows.update(float(rows - num_speculative_tokens - 1), index)
+        self._observe_pass(rows, verify_seconds, observation.pass_sessions, num_speculative_tokens + 1, index)
         target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
         self._rtt_target.update(max(0.0, target_overhead), index)
+
+    def _observe_pass(self, rows: float, seconds: float, sessions: float, own_rows: int, index: int,
+                      weight: float = 1.0) -> None:
+        """A target pass (weight > 1: the mean of that many) of `rows` rows over `sessions`
+        sessions, own_rows of them this session's: the verify fit and the load estimates."""
+        self._verify.update(max(1, round(rows)), seconds, index, weight=weight)
+        self._pass_rows.update(float(rows), index)
+        self._pass_sessions.update(sessions, index)
+        self._others_rows.update(max(0.0, float(rows - own_rows)), index)
 
     def _update_draft_estimates(self, observation: RoundObservation, index: int) -> None:
         """The model draft's timings and catch-up, from a round it proposed (or not: K = 0)."""

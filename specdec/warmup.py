@@ -17,6 +17,7 @@ import time
 import torch
 
 from specdec.kv_cache import SequenceCache
+from specdec.models import LoadedModel, ModelConfig, load_model
 from specdec.ragged import Feed, forward
 
 log = logging.getLogger(__name__)
@@ -46,3 +47,11 @@ def warm_up(model: torch.nn.Module, max_rows: int) -> int:
     passes += 1
     log.info("warmed up: %d passes (up to %d rows) in %.2f s", passes, max_rows, time.perf_counter() - started)
     return passes
+
+
+def load_warm(config: ModelConfig, max_num_speculative_tokens: int) -> LoadedModel:
+    """A model service's model: loaded, then warmed up for verify rounds of up to
+    max_num_speculative_tokens drafts, before the service reports ready."""
+    loaded = load_model(config)
+    warm_up(loaded.model, max_num_speculative_tokens + 1)
+    return loaded

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 from specdec.metrics import start_metrics_server
-from specdec.models import LoadedModel, ModelConfig, load_model
+from specdec.models import LoadedModel, ModelConfig
 from specdec.rpc.server import RunningServer, ServerConfig, serve_model_until_signal
 from specdec.serving import ServiceConfig
 from specdec.v1 import target_pb2, target_pb2_grpc
-from specdec.warmup import warm_up
+from specdec.warmup import load_warm
 from target_service.service import TargetService
 from target_service.servicer import TargetServicer
 
@@ -43,9 +43,7 @@ async def serve(
             log.info("metrics on http://%s:%d/metrics", server_config.host, running.metrics_port)
         return service
 
-    def load() -> LoadedModel:
-        loaded = load_model(model_config)
-        warm_up(loaded.model, service_config.max_num_speculative_tokens + 1)  # before it reports ready
-        return loaded
-
-    await serve_model_until_signal("target", SERVICE_NAME, server_config, load, start_loaded)
+    await serve_model_until_signal(
+        "target", SERVICE_NAME, server_config,
+        lambda: load_warm(model_config, service_config.max_num_speculative_tokens), start_loaded,
+    )
