@@ -62,13 +62,17 @@ def ragged_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention of a ragged pass (specdec.ragged): each session's rows attend to its own cache
-    and to its own earlier new rows; the model's mask is not used. Without `ragged` (a plain
-    forward, such as Hugging Face's generate), sdpa_keeping_kv_heads."""
+    and to its own earlier new rows; the model's mask is not used. It computes in the caches'
+    dtype (float32 for a bfloat16 model on a CPU, specdec.kv_cache.attention_dtype) and returns
+    the model's. Without `ragged` (a plain forward, such as Hugging Face's generate),
+    sdpa_keeping_kv_heads."""
     if ragged is None:
         return sdpa_keeping_kv_heads(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kwargs)
     layer = module.layer_idx
     gqa = key.shape[1] != query.shape[1]
+    dtype = query.dtype
+    query = query.to(ragged.spans[0].cache.dtype)  # the caches' dtype (specdec.kv_cache.attention_dtype)
     outputs = []
     for span in ragged.spans:
         keys, values = span.cache.append(layer, key[:, :, span.start:span.end], value[:, :, span.start:span.end])
@@ -86,7 +90,7 @@ def ragged_attention(
                 query[:, :, span.start + first:span.start + end], keys[:, :, :cached + end],
                 values[:, :, :cached + end], attn_mask=mask, scale=scaling, enable_gqa=gqa))
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (1, H, N, D)
-    return output.transpose(1, 2).contiguous(), None
+    return output.transpose(1, 2).to(dtype).contiguous(), None
 
 
 AttentionInterface.register(NAME, sdpa_keeping_kv_heads)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from transformers import DynamicCache
+from transformers.masking_utils import sdpa_mask
 
-from specdec import attention
+from specdec import attention, kv_cache
 from specdec.kv_cache import SequenceCache
 from specdec.models import ModelConfig, load_model
 
@@ -94,3 +96,35 @@ def test_a_pass_refuses_a_model_without_ragged_attention():
         SequenceCache(model).feed([1, 2, 3])
     attention.use_ragged(model)
     assert SequenceCache(model).feed([1, 2, 3]).shape[0] == 3
+
+
+def _sdpa_in_float32(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Hugging Face's sdpa with query, keys and values cast to float32 and the output cast back:
+    the reference for a half-precision model's ragged attention on a CPU."""
+    output, _ = attention.sdpa_attention_forward(module, query.float(), key.float(), value.float(),
+                                                 attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return output.to(query.dtype), None
+
+
+def test_a_bfloat16_model_attends_in_float32_on_a_cpu():
+    """A bfloat16 model's caches hold float32 on a CPU and its ragged attention computes in it:
+    the logits are those of Hugging Face's forward with its attention done in float32 (to within
+    the kernels' order of summation), not those of bfloat16 attention."""
+    model = tiny_models.make_model(seed=3, num_attention_heads=4, num_key_value_heads=2).to(torch.bfloat16)
+    assert kv_cache.attention_dtype(model) == torch.float32
+    assert kv_cache.attention_dtype(model.to(torch.float64)) == torch.float64
+    model.to(torch.bfloat16)
+    transformers.AttentionInterface.register("test_sdpa_float32", _sdpa_in_float32)
+    transformers.AttentionMaskInterface.register("test_sdpa_float32", sdpa_mask)
+    context, rows = [1, *(10 + i % 40 for i in range(190))], [1, 1, 3, 1, 5]
+    in_float32 = _hf_feeds(model, "test_sdpa_float32", context, rows)
+    in_bfloat16 = _hf_feeds(model, "sdpa", context, rows)
+    attention.use_ragged(model)
+    cache = SequenceCache(model)
+    ragged = [cache.feed(context), *(cache.feed(list(range(5, 5 + n))) for n in rows)]
+    assert cache.layer(0)[0].dtype == torch.float32
+    closer = 0
+    for got, reference, bfloat16 in zip(ragged, in_float32, in_bfloat16, strict=True):
+        torch.testing.assert_close(got, reference.float(), rtol=0, atol=0.05)
+        closer += (got - reference.float()).abs().max() < (got - bfloat16.float()).abs().max()
+    assert closer == len(ragged)
