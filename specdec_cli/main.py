@@ -9,6 +9,7 @@ import logging
 import sys
 
 from specdec.errors import SpecdecError
+from specdec.openmp import bound_idle_spin
 from specdec_cli.flags import HelpFormatter, UsageError
 
 # Command -> (its module under specdec_cli/, one line of help). A module is imported only when its
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    bound_idle_spin()  # before a command imports torch (specdec/openmp.py)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
