@@ -88,8 +88,8 @@ PIPELINE_PROMPT_NAMES = ("code-word-count", "explain-seasons", "grounded-revise-
 PROMPT_SETS = ("pipeline", "benchmark", "grounded", "demo", "all")
 
 PIPELINE_MODES = {"off": pb.PIPELINE_MODE_OFF, "on": pb.PIPELINE_MODE_ON, "auto": pb.PIPELINE_MODE_AUTO,
-                  "": pb.PIPELINE_MODE_UNSPECIFIED}
-SCHEDULE = re.compile(r"^(off|adaptive|k=(\d+))(?:/(off|on|auto))?$")
+                  "stream": pb.PIPELINE_MODE_STREAM, "": pb.PIPELINE_MODE_UNSPECIFIED}
+SCHEDULE = re.compile(r"^(off|adaptive|k=(\d+))(?:/(off|on|auto|stream))?$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ class Schedule:
     name: str
     mode: str  # off | adaptive | fixed
     k: int | None  # fixed K
-    pipeline: str  # off | on | auto | ''
+    pipeline: str  # off | on | auto | stream | ''
 
     @property
     def base(self) -> str:
@@ -120,7 +120,7 @@ class Schedule:
             return "target-only"
         what = "adaptive" if self.mode == "adaptive" else f"K={self.k}"
         return {"off": what, "on": f"{what} + pipelining", "auto": f"{what} + pipelining (auto)",
-                "": f"{what} (server's pipelining)"}[self.pipeline]
+                "stream": f"{what} + streamed", "": f"{what} (server's pipelining)"}[self.pipeline]
 
 
 def parse_schedule(text: str) -> Schedule:
@@ -461,6 +461,10 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
         "decode_calls": stats.decode_calls,
         "decoded_tokens": stats.decoded_tokens,
         "shadow_probes": stats.shadow_probes,
+        "offers": stats.offers,
+        "offered_passes": stats.offered_passes,
+        "offered_drafts": stats.offered_drafts,
+        "offered_accepted": stats.offered_accepted,
         "draft_seconds": stats.draft_seconds,
         "verify_seconds": stats.verify_seconds,
         "network_seconds": stats.network_seconds,
@@ -541,12 +545,21 @@ def pooled(runs: list[dict]) -> dict:
     misses = sum(r["pipeline_misses"] for r in runs)
     fanouts = [f for r in runs for f in r["fanout_per_round"]]
     pipelined = sum(r["pipelined_rounds"] for r in runs)
+    # Streamed speculation: each decoded token counts as a round, and each accepted offered draft
+    # saved the target a pass.
+    offered_drafts = sum(r.get("offered_drafts", 0) for r in runs)
+    offered_accepted = sum(r.get("offered_accepted", 0) for r in runs)
+    passes = rounds - offered_accepted
     return {
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "rounds": rounds,
-        "tau": (accepted + rounds) / rounds if rounds else 0.0,  # committed tokens per round
+        "tau": (accepted + rounds) / passes if passes > 0 else 0.0,  # committed tokens per round (target pass)
+        "offered_drafts": offered_drafts,
+        "offered_accepted": offered_accepted,
+        "offered_acceptance": ratio(offered_accepted, offered_drafts),
+        "offered_passes": sum(r.get("offered_passes", 0) for r in runs),
         "mean_k": sum(ks) / len(ks) if ks else 0.0,
         "pipelined_rounds": pipelined,
         "pipelined_share": pipelined / rounds if rounds else 0.0,
@@ -794,7 +807,7 @@ def describe(summary: dict, config: BenchConfig, prompts: list, placements: dict
          f"x <= {config.max_new_tokens} new tokens per cell; RTT = 2 x one-way proxy delay on each hop."),
         (f"Pinned: {pins or 'no'}; {config.threads} torch thread(s) per model service; pipelined requests' "
          f"fan-out: {config.fanout or 'the server default'}."),
-        ("τ: committed tokens per round; drafted ahead: share of rounds that drafted ahead; hit rate: "
+        ("τ: committed tokens per round (streamed: per target pass); drafted ahead: share of rounds that drafted ahead; hit rate: "
          "pipeline_hits / (hits + misses); ratios within each repetition."),
     ]
     exact = summary["exactness"]

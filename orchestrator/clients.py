@@ -30,7 +30,9 @@ from specdec.protocol import (
     BranchProposal,
     CallTiming,
     DraftedAhead,
+    DraftOffer,
     Handle,
+    OfferTally,
     Proposal,
     ReplicaInfo,
     Reply,
@@ -176,6 +178,8 @@ class DecodeStep:
     # Under sampling, each token's probability in the target's distribution it was drawn from
     # (specdec.protocol.DecodedToken); empty when greedy, or from a target that does not send them.
     probabilities: tuple[float, ...] = ()
+    # What the call's passes did so far with the drafts offered to it (Offer).
+    offered: OfferTally | None = None
 
 
 class TargetClient(ReplicaClient):
@@ -184,6 +188,7 @@ class TargetClient(ReplicaClient):
     def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
         super().__init__(address, channel, timeouts, target_pb2_grpc.TargetServiceStub(channel))
         self.decodes = True  # False once the replica answered Decode with UNIMPLEMENTED
+        self.offers = True  # False once it answered Offer so
 
     async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
                       resume: bool = False, prompt_length: int = 0) -> Reply[int | None]:
@@ -240,14 +245,36 @@ class TargetClient(ReplicaClient):
                         raise ReplicaError(self.address, "the Decode stream ended without its last message")
                     timing = _timing(time.perf_counter() - started, response) if response.last else None
                     probabilities = tuple(response.token_probabilities)
+                    offered = OfferTally(response.offered_passes, response.offered_drafts,
+                                         response.offered_accepted)
                     yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing,
-                                     probabilities if len(probabilities) == len(response.token_ids) else ())
+                                     probabilities if len(probabilities) == len(response.token_ids) else (),
+                                     offered)
                     if response.last:
                         return
             finally:
                 call.cancel()  # nothing is cancelled once the stream has ended
         verified = await self.verify(handle, Proposal(token_ids=()))
         yield DecodeStep(verified.handle, (verified.value.next_token_id,), verified.timing)
+
+    async def offer(self, session_id: str, offer: DraftOffer) -> tuple[bool, int]:
+        """Offers drafts to the session's running Decode (-> whether it holds them, and its
+        committed length when they arrived). A target without Offer holds none."""
+        if not self.offers:
+            return False, 0
+        request = target_pb2.OfferRequest(
+            session_id=session_id, start=offer.start, draft_token_ids=list(offer.proposal.token_ids),
+            draft_distributions=[convert.distribution_to_proto(d) for d in offer.proposal.distributions],
+            max_verified=offer.max_verified,
+        )
+        try:
+            response = await self._stub.Offer(request, timeout=self.timeouts.step_seconds)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise domain_error(self.address, error) from error
+            self.offers = False
+            return False, 0
+        return response.held, response.committed_length
 
     async def tokenizer_files(self) -> tuple[list[tuple[str, bytes]], str]:
         response, _ = await self._call(self._stub.GetTokenizer, target_pb2.GetTokenizerRequest(),

@@ -33,6 +33,7 @@ from orchestrator.pipelining import (
     AheadPlan,
     NoPipeline,
     PipelinePolicy,
+    StreamedDrafts,
 )
 from orchestrator.pool import ReplicaPool
 from orchestrator.recovery import SessionReplicas
@@ -45,6 +46,7 @@ from specdec.protocol import (
     MAX_DECODE_STEPS,
     CallTiming,
     DraftedAhead,
+    DraftOffer,
     Proposal,
     Reply,
     SamplingParams,
@@ -147,6 +149,7 @@ class Generation:
         # Under sampling, p(y) of each token of the current Decode by its index in C, for a probe
         # beside the stretch; a target that does not send them leaves such probes unmeasurable.
         self._decoded_probabilities: dict[int, float] = {}
+        self._grew = asyncio.Event()  # set whenever C grows (streamed speculation offers from it)
         self._sampled_probes_measurable = True
         self.committed: list[int] = list(request.prompt_token_ids)
         self.text = TextStream(tokenizer, request.stop)
@@ -177,14 +180,16 @@ class Generation:
                     yield chunk
                 plain_rounds = 0
                 shadow: _ShadowProbe | None = None
-                if self._speculating():
+                streamed = self._streamed()
+                if self._speculating() and streamed is None:
                     plain_rounds = self._plain_rounds()
                     if plain_rounds == 0:
                         chunk = self._commit(await self._round())
                         continue
                     shadow = self._take_shadow_probe(plain_rounds)
                 decoded: Chunk | None = None
-                decoding = self._decode(plain_rounds)
+                decoding = self._decode(plain_rounds, streamed=streamed is not None)
+                offering = asyncio.create_task(self._offer_drafts(streamed)) if streamed is not None else None
                 try:
                     self._launch_shadow_probe(shadow)
                     async for tokens in decoding:
@@ -199,6 +204,9 @@ class Generation:
                     raise
                 finally:
                     await decoding.aclose()  # a finished request cancels the rest of the call
+                    if offering is not None:
+                        offering.cancel()
+                        await asyncio.gather(offering, return_exceptions=True)
                 if decoded is None:
                     chunk = self._commit([])
                 else:
@@ -212,6 +220,8 @@ class Generation:
             assert chunk is not None  # the loop ends on a chunk with a finish reason
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
+            if isinstance(self.pipeline, StreamedDrafts):
+                self.stats.controller_estimates["stream_lookahead"] = self.pipeline.lookahead
             if self.guard is not None:
                 self.stats.controller_estimates["system_speculating"] = float(self.guard.speculating)
             if self.local_draft is not None:
@@ -281,6 +291,49 @@ class Generation:
         """Whether the next round may speculate: not when the request turned speculation off,
         nor while the guard holds the whole system at K = 0."""
         return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
+
+    def _streamed(self) -> StreamedDrafts | None:
+        """Streamed speculation for the coming Decode (orchestrator/pipelining.py), when the
+        request speculates with a model draft and the draft is there or on its way."""
+        if (not isinstance(self.pipeline, StreamedDrafts) or not self._speculating()
+                or not self.uses_model_draft or not self._model_draft_in_reach()):
+            return None
+        return self.pipeline
+
+    async def _offer_drafts(self, streamed: StreamedDrafts) -> None:
+        """Beside a streamed Decode: each time C has grown, the draft drafts from it, enough to
+        reach past where the target is expected to be by the time they arrive, and offers them to
+        the target. Ends when the draft is gone (the Decode goes on alone) or when cancelled."""
+        async def offer(drafted: DraftOffer) -> None:
+            held, length = await self.replicas.offer(drafted)
+            if held:
+                streamed.observe_lag(length - drafted.start)
+
+        offered_from = -1
+        sent: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                if len(self.committed) == offered_from:
+                    self._grew.clear()
+                    await self._grew.wait()
+                    continue
+                start = list(self.committed)
+                offered_from = len(start)
+                await self.replicas.settle_draft(start)
+                if not self.replicas.has_draft:
+                    return
+                drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
+                reply = await self.replicas.propose(start, drafts)
+                if reply is None:
+                    return
+                # Not waited for: the draft drafts again from where C is now while it travels.
+                task = asyncio.create_task(offer(DraftOffer(len(start), reply.value, streamed.num_speculative_tokens)))
+                sent.add(task)
+                task.add_done_callback(sent.discard)
+                self.stats.offers += 1
+        finally:
+            for task in list(sent):
+                task.cancel()
 
     def _plain_rounds(self) -> int:
         """K = 0 rounds the policy commits to from here (PlainStretches: fixed K = 0, and the
@@ -380,7 +433,7 @@ class Generation:
         return sampled_acceptance_chances(
             proposal, decoded, [self._decoded_probabilities.get(start + i) for i in range(len(decoded))])
 
-    def _decode(self, plain_rounds: int = 0) -> AsyncIterator[tuple[int, ...]]:
+    def _decode(self, plain_rounds: int = 0, streamed: bool = False) -> AsyncIterator[tuple[int, ...]]:
         """The target decodes the next tokens in one streamed call, each exactly a round without
         drafts, and keeps the session in its passes meanwhile instead of leaving it out of them
         for a round trip after every token. Up to MAX_DECODE_STEPS tokens for a request without
@@ -393,6 +446,8 @@ class Generation:
         context_left = self.limits.max_context - len(self.committed)
         if not self.request.speculate:
             steps = MAX_DECODE_STEPS
+        elif streamed:  # the draft's offers join its passes (_offer_drafts)
+            steps = self._guarded_steps() if self.guard is not None else MAX_DECODE_STEPS
         elif plain_rounds > 0:
             steps = min(plain_rounds, self._guarded_steps()) if self.guard is not None else plain_rounds
         else:
@@ -417,13 +472,14 @@ class Generation:
         for a probe beside the stretch); after it, told to the policy when the policy chose these
         rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
         (a stretch cut short by the request's end or the guard is no stretch's pace)."""
-        started, decoded, timing = time.perf_counter(), 0, None
+        started, decoded, timing, offered = time.perf_counter(), 0, None, None
         re_prefills = self.stats.re_prefills  # a session rebuilt mid-stream: the timing covers its last call only
         self._decoded_probabilities.clear()
         try:
             async for step in steps:
                 tokens = step.token_ids
                 timing = step.timing or timing
+                offered = step.offered or offered
                 # C takes each step's tokens before the next is asked for: they go at len(C) on.
                 for offset, probability in enumerate(step.probabilities):
                     self._decoded_probabilities[len(self.committed) + offset] = probability
@@ -436,6 +492,10 @@ class Generation:
                 yield tokens
         finally:
             await steps.aclose()
+            if offered is not None:  # the call's tally as its last message read brought it
+                self.stats.offered_passes += offered.passes
+                self.stats.offered_drafts += offered.drafts
+                self.stats.offered_accepted += offered.accepted
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
                 if planned > 0 and isinstance(self.policy, PlainStretches):
@@ -603,6 +663,7 @@ class Generation:
         if self.text.stopped:
             kept, finish = kept[:count], "stop"
         self.committed.extend(kept)
+        self._grew.set()
         self.stats.generated_tokens += len(kept)
         if self.guard is not None:
             self.guard.record(len(kept))

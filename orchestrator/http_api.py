@@ -132,7 +132,7 @@ class SpecdecOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     speculation: SpeculationMode | None = None  # off, fixed, adaptive, heuristic; None: the server's
     num_speculative_tokens: int | None = Field(default=None, ge=0)
-    pipeline: PipelineMode | None = None  # drafting ahead: off, on, auto; None: the server's
+    pipeline: PipelineMode | None = None  # drafting ahead: off, on, auto, stream; None: the server's
     pipeline_fanout: int | None = Field(default=None, ge=1, le=MAX_PIPELINE_FANOUT)
 
 
@@ -290,6 +290,10 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "pipelined_rounds": stats.pipelined_rounds,
         "pipeline_hits": stats.pipeline_hits,
         "pipeline_misses": stats.pipeline_misses,
+        "offers": stats.offers,
+        "offered_passes": stats.offered_passes,
+        "offered_drafts": stats.offered_drafts,
+        "offered_accepted": stats.offered_accepted,
         "branches_drafted": stats.branches_drafted,
         "fanout_per_round": list(stats.fanout_per_round),
         "decode_calls": stats.decode_calls,

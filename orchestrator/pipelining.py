@@ -11,15 +11,23 @@ after that outcome would draft (docs/architecture.md, "Pipelining").
 `off` never drafts ahead; `on` drafts ahead every drafted round with a fixed fan-out and the
 round's own K for the branches; `auto` (orchestrator/pipeline_policy.py, through the adaptive
 controller) drafts ahead where the expected hit rate pays for it.
+
+`stream` has no rounds at all (StreamedDrafts): the target decodes on in one Decode call, and the
+draft, fed each token as it streams out, offers the target its drafts from there (the target's
+Offer); each of the target's passes verifies up to K of them where they still follow what it has
+committed by then, and decodes one token where they do not. Neither the draft's compute nor
+either hop waits in line before a target pass; the price is the offered rows in the target's
+passes, verified or rejected.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-PipelineMode = Literal["off", "on", "auto"]
-PIPELINE_MODES: tuple[PipelineMode, ...] = ("off", "on", "auto")
+PipelineMode = Literal["off", "on", "auto", "stream"]
+PIPELINE_MODES: tuple[PipelineMode, ...] = ("off", "on", "auto", "stream")
 MAX_PIPELINE_FANOUT = 8  # the draft's candidates per position (draft_service/engine.py)
 DEFAULT_PIPELINE_FANOUT = 3
 
@@ -88,6 +96,37 @@ class FixedPipeline:
 
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
         return AheadPlan(self.fanout, min(num_speculative_tokens, max_num_speculative_tokens))
+
+    def observe_ahead(self, observation: AheadObservation) -> None:
+        pass
+
+
+@dataclass
+class StreamedDrafts:
+    """Streamed speculation: no rounds; the target verifies at most num_speculative_tokens of the
+    draft's offered tokens in each pass. An offer drafts that many beyond where the target is
+    expected to be when it arrives: `lookahead` tokens past the C it was drafted from, the
+    smoothed number the target committed between an offer's drafting and its arrival."""
+
+    num_speculative_tokens: int
+    lookahead: float = 1.0
+    weight: float = 0.3  # of each new observation in the smoothed lookahead
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"streamed speculation verifies at least 1 draft a pass, got "
+                             f"{self.num_speculative_tokens}")
+
+    def drafts_per_offer(self, max_num_speculative_tokens: int) -> int:
+        return max(1, min(max_num_speculative_tokens,
+                          self.num_speculative_tokens + math.ceil(self.lookahead - 1e-9)))
+
+    def observe_lag(self, committed_meanwhile: int) -> None:
+        """An offer drafted from a C of length n arrived at the target when it had n + committed_meanwhile."""
+        self.lookahead += self.weight * (max(0, committed_meanwhile) - self.lookahead)
+
+    def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
+        return NO_AHEAD  # no rounds to draft ahead of
 
     def observe_ahead(self, observation: AheadObservation) -> None:
         pass

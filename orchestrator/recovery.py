@@ -46,6 +46,7 @@ from specdec.lookup import proposal_method
 from specdec.protocol import (
     CallTiming,
     DraftedAhead,
+    DraftOffer,
     Handle,
     Proposal,
     Reply,
@@ -321,6 +322,19 @@ class SessionReplicas:
             except SpecdecError as error:
                 raise _target_error(error) from error
         raise Unavailable(f"the target session could not be recovered after {MAX_TARGET_RECOVERIES} tries")
+
+    async def offer(self, offer: DraftOffer) -> tuple[bool, int]:
+        """Offers drafts to the target session's running Decode (streamed speculation): whether it
+        holds them, and the session's length when they arrived. Only an optimisation: a failure
+        holds nothing, and the Decode itself reports a lost session."""
+        placement = self.target
+        if placement is None:
+            return False, 0
+        try:
+            return await placement.lease.client.offer(placement.handle.session_id, offer)
+        except SpecdecError as error:
+            log.info("an offer of drafts to %s failed: %s", placement.replica.address, error)
+            return False, 0
 
     async def _target_call(self, committed: Sequence[int], name: str,
                            call: Callable[[TargetClient, Handle], Awaitable[Reply[Result]]]) -> Reply[Result]:

@@ -44,6 +44,7 @@ from orchestrator.pipelining import (
     NoPipeline,
     PipelineMode,
     PipelinePolicy,
+    StreamedDrafts,
 )
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.speculation_guard import SpeculationGuard
@@ -271,7 +272,11 @@ class OrchestratorService:
         if not 1 <= fanout <= MAX_PIPELINE_FANOUT:
             raise OutOfRange(f"pipeline_fanout must be in [1, {MAX_PIPELINE_FANOUT}], got {fanout}")
         if mode == "off" or self.draft_method != "model":
-            return NoPipeline()  # a lookup answers at once: nothing to draft ahead of it
+            return NoPipeline()  # a lookup answers at once: nothing to draft ahead of
+        if mode == "stream":
+            # The target verifies up to K offered drafts a pass: fixed K's, else the server's K.
+            depth = policy.num_speculative_tokens if isinstance(policy, FixedK) else self.config.num_speculative_tokens
+            return StreamedDrafts(depth) if depth > 0 else NoPipeline()
         if mode == "auto" and isinstance(policy, AdaptiveKController):
             return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)

@@ -29,6 +29,7 @@ PIPELINE_OF = {
     pb.PIPELINE_MODE_OFF: "off",
     pb.PIPELINE_MODE_ON: "on",
     pb.PIPELINE_MODE_AUTO: "auto",
+    pb.PIPELINE_MODE_STREAM: "stream",
 }
 FINISH_OF = {
     "length": pb.FINISH_REASON_LENGTH,
@@ -136,6 +137,10 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         accepted_tokens_by_method=stats.accepted_by_method,
         pipelined_rounds=stats.pipelined_rounds,
         pipeline_hits=stats.pipeline_hits,
+        offers=stats.offers,
+        offered_passes=stats.offered_passes,
+        offered_drafts=stats.offered_drafts,
+        offered_accepted=stats.offered_accepted,
         pipeline_misses=stats.pipeline_misses,
         branches_drafted=stats.branches_drafted,
         fanout_per_round=stats.fanout_per_round,

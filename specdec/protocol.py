@@ -9,7 +9,7 @@ See docs/architecture.md ("The protocol") for what each field means on the wire.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -18,6 +18,7 @@ from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange
 PROTOCOL_VERSION = "specdec.v1"
 MAX_DRAFT_TOP_M = 64  # largest q~ a draft may send (entries)
 MAX_DECODE_STEPS = 64  # most tokens one Decode call may decode
+MAX_OFFER_TOKENS = 2 * MAX_DECODE_STEPS  # most drafts one Offer may hold
 MIN_TEMPERATURE = 1e-6  # below this (and above 0) logits / temperature can overflow to NaN
 
 Value = TypeVar("Value")
@@ -87,6 +88,41 @@ class Proposal:
         """The first count drafts (with their q~ and match lengths)."""
         return Proposal(self.token_ids[:count], self.distributions[:count], self.fed_tokens,
                         self.match_lengths[:count])
+
+
+@dataclass(frozen=True)
+class DraftOffer:
+    """Drafts offered to a session while it decodes (the target's Offer): proposal.token_ids[i] is
+    the draft's token for C's position start + i. A pass verifies, of the drafts after the
+    session's current length, at most max_verified, if the ones before match C there."""
+
+    start: int
+    proposal: Proposal
+    max_verified: int
+
+    def drafts_after(self, committed: Sequence[int], committed_from: int, length: int) -> Proposal:
+        """The drafts this offer holds for positions length, length + 1, ... (at most
+        max_verified), given C's tokens from position committed_from up to length (committed);
+        none when the offer's drafts before length differ from them or reach back before
+        committed_from, or when it holds nothing past length."""
+        skip = length - self.start
+        if self.start < committed_from or skip < 0 or skip >= len(self.proposal.token_ids):
+            return Proposal(token_ids=())
+        known = committed[self.start - committed_from:]
+        if tuple(known) != self.proposal.token_ids[:skip]:
+            return Proposal(token_ids=())
+        end = skip + self.max_verified
+        return Proposal(self.proposal.token_ids[skip:end], self.proposal.distributions[skip:end])
+
+
+@dataclass
+class OfferTally:
+    """What a Decode did with the drafts offered to it: passes that verified some, how many they
+    verified, how many of those were accepted."""
+
+    passes: int = 0
+    drafts: int = 0
+    accepted: int = 0
 
 
 @dataclass(frozen=True)

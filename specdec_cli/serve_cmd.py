@@ -209,7 +209,8 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
                         choices=PIPELINE_MODES,
                         help="drafting ahead while the target verifies, for requests that do not set "
                              "it: off; on (every drafted round); auto (where the controller expects it "
-                             "to pay, with adaptive K)")
+                             "to pay, with adaptive K); stream (no rounds: the target decodes on and "
+                             "verifies up to K of the draft's offered drafts in each pass)")
     parser.add_argument("--pipeline-fanout", type=int,
                         default=default_of(OrchestratorConfig, "pipeline_fanout"),
                         help="the draft's candidates per outcome to draft ahead for (on); the maximum (auto)")

@@ -62,7 +62,7 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
                         help="hybrid: per round the suffix lookup's proposal or the draft model's, "
                              "whichever the K controller expects to commit tokens faster; model: the "
                              f"draft model alone (default: {default_of(StackConfig, 'draft_method')}; "
-                             "model with --pipeline on or auto, which drafts ahead with the model)")
+                             "model with --pipeline on, auto or stream, which draft ahead with the model)")
     add_speculation_flags(parser)
 
 
@@ -75,7 +75,7 @@ def packed_rows_text(value: str) -> str:
 def stack_draft_method(draft_method: str | None, pipeline: str | None) -> str:
     """--draft-method as given, else the stack's default; model when pipelining is asked for
     (a lookup answers at once: there is nothing to draft ahead of)."""
-    pipelined = pipeline in ("on", "auto")
+    pipelined = pipeline in ("on", "auto", "stream")
     if draft_method is None:
         return "model" if pipelined else default_of(StackConfig, "draft_method")
     if pipelined and draft_method != "model":

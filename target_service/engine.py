@@ -21,6 +21,8 @@ from specdec.protocol import (
     MAX_DECODE_STEPS,
     MAX_DRAFT_TOP_M,
     DecodedToken,
+    DraftOffer,
+    OfferTally,
     Proposal,
     SparseDistribution,
     check_token_ids,
@@ -116,27 +118,47 @@ class TargetEngine:
 
     def decode(self, state: TargetSessionState, max_tokens: int,
                emit: Callable[[DecodedToken], None] = lambda token: None,
-               stopped: Callable[[], bool] = lambda: False) -> Job[list[DecodedToken]]:
+               stopped: Callable[[], bool] = lambda: False,
+               offered: Callable[[], DraftOffer | None] = lambda: None,
+               tally: OfferTally | None = None) -> Job[list[DecodedToken]]:
         """Plain decoding: up to max_tokens Verify rounds without drafts, one pass each, so every
         token is exactly the one those rounds would return (under sampling with its probability
         p, DecodedToken); emit(token) after each. Stops after an end-of-sequence token of the
-        model's, at the max context, or once stopped() (checked before each step)."""
+        model's, at the max context, or once stopped() (checked before each step).
+
+        offered() is the session's latest DraftOffer (streamed speculation): where it holds drafts
+        after C as it is now, the step verifies them as a Verify round would (the round's tokens,
+        without their p, each emitted), so the tokens are the same greedy and distributed the same
+        sampled; a round stops short of max_tokens and the max context. tally counts them."""
         if not 1 <= max_tokens <= MAX_DECODE_STEPS:
             raise InvalidInput(f"max_tokens must be in [1, {MAX_DECODE_STEPS}], got {max_tokens}")
         if state.committed_length >= self.loaded.max_context:
             raise OutOfRange(f"decoding at length {state.committed_length} exceeds the max context "
                              f"{self.loaded.max_context}")
         tokens: list[DecodedToken] = []
+        committed_from = state.committed_length - 1  # C[committed_from:] = [C[-1], *tokens]
+        known = [state.last_token_id]
         while len(tokens) < max_tokens and state.committed_length < self.loaded.max_context and not stopped():
-            outcome, target_probs = yield from self._verify(state, _NO_DRAFTS)
-            token_id = outcome.next_token_id
+            room = min(max_tokens - len(tokens), self.loaded.max_context - state.committed_length) - 1
+            proposal = _NO_DRAFTS
+            offer = offered() if room > 0 else None
+            if offer is not None:
+                proposal = offer.drafts_after(known, committed_from, state.committed_length).first(room)
+            outcome, target_probs = yield from self._verify(state, proposal)
+            round_ids = [*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id]
+            if proposal.token_ids and tally is not None:
+                tally.passes += 1
+                tally.drafts += len(proposal.token_ids)
+                tally.accepted += outcome.num_accepted
             probability = None
-            if target_probs is not None:  # a round without drafts draws its token from p itself
-                probability = float(target_probs[0, token_id] / target_probs[0].sum())
-            token = DecodedToken(token_id, probability)
-            tokens.append(token)
-            emit(token)
-            if token_id in self.loaded.eos_token_ids:
+            if target_probs is not None and not proposal.token_ids:  # a round without drafts draws its token from p
+                probability = float(target_probs[0, round_ids[0]] / target_probs[0].sum())
+            for token_id in round_ids:
+                token = DecodedToken(token_id, probability)
+                tokens.append(token)
+                known.append(token_id)
+                emit(token)
+            if any(token_id in self.loaded.eos_token_ids for token_id in round_ids):
                 break
         return tokens
 
@@ -154,12 +176,14 @@ class TargetEngine:
         probs = process_logits(logits, sampling)  # (1, V)
         return int(sample_categorical(probs, torch.tensor([uniform], dtype=torch.float64))[0])
 
-    def validate_proposal(self, proposal: Proposal, sampling: SamplingParams) -> None:
+    def validate_proposal(self, proposal: Proposal, sampling: SamplingParams, limit: int | None = None) -> None:
+        """A Verify's drafts (at most max_num_speculative_tokens), or limit of an Offer's."""
         num_speculative_tokens = len(proposal.token_ids)
-        if num_speculative_tokens > self.max_num_speculative_tokens:
+        if num_speculative_tokens > (self.max_num_speculative_tokens if limit is None else limit):
+            what = "max_num_speculative_tokens" if limit is None else "the most an offer holds,"
             raise OutOfRange(
-                f"{num_speculative_tokens} draft tokens exceed max_num_speculative_tokens "
-                f"{self.max_num_speculative_tokens}"
+                f"{num_speculative_tokens} draft tokens exceed {what} "
+                f"{self.max_num_speculative_tokens if limit is None else limit}"
             )
         check_token_ids(proposal.token_ids, self.loaded.vocab_size, "draft_token_ids")
         if sampling.greedy:

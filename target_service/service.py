@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from specdec.models import LoadedModel, tokenizer_files
 from specdec.ragged import Job
-from specdec.protocol import DecodedToken, Handle, Proposal, SamplingParams, Timing, VerifyOutcome
+from specdec.protocol import (MAX_OFFER_TOKENS, DecodedToken, DraftOffer, Handle, OfferTally, Proposal, SamplingParams, Timing,
+                              VerifyOutcome)
 from specdec.serving import ServiceConfig, SessionService
 from target_service.engine import TargetEngine, TargetSessionState
 
@@ -18,6 +19,8 @@ class TargetService(SessionService[TargetSessionState]):
         super().__init__(loaded, config, size_of=lambda state: len(state.cache))
         self.engine = TargetEngine(loaded, config.max_num_speculative_tokens)
         self._tokenizer_files = tokenizer_files(loaded.tokenizer)
+        # Sessions in a Decode call, each with its latest DraftOffer (None before the first).
+        self._offers: dict[str, DraftOffer | None] = {}
 
     async def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool,
@@ -42,14 +45,39 @@ class TargetService(SessionService[TargetSessionState]):
         return await self.call(handle, apply)
 
     async def decode(self, handle: Handle, max_tokens: int, emit: Callable[[DecodedToken], None],
-                     stopped: Callable[[], bool]) -> tuple[Handle, list[DecodedToken], Timing]:
+                     stopped: Callable[[], bool], tally: OfferTally | None = None
+                     ) -> tuple[Handle, list[DecodedToken], Timing]:
         """TargetEngine.decode as one call; emit(token) runs on the model thread after each step.
-        A repeat of the last applied handle gets its tokens in the result, with no emit."""
+        Its passes verify the drafts offered meanwhile (offer), counted in tally as they go. A
+        repeat of the last applied handle gets its tokens in the result, with no emit."""
+        session_id = handle.session_id
+
         def apply(state: TargetSessionState) -> Job[tuple[int, list[DecodedToken]]]:
-            tokens = yield from self.engine.decode(state, max_tokens, emit, stopped)
+            tokens = yield from self.engine.decode(state, max_tokens, emit, stopped,
+                                                   lambda: self._offers.get(session_id), tally)
             return state.committed_length, tokens
 
-        return await self.call(handle, apply)
+        self._offers.setdefault(session_id, None)
+        try:
+            return await self.call(handle, apply)
+        finally:
+            self._offers.pop(session_id, None)
+
+    def offer(self, session_id: str, offer: DraftOffer) -> tuple[bool, int]:
+        """Holds offer for the session's running Decode (-> True and its committed length when it
+        arrived), unless the offer it holds was drafted from a longer C; outside a Decode it is
+        dropped (-> False, 0)."""
+        session = self.store.get(session_id)
+        if session is None or session_id not in self._offers:
+            return False, 0
+        self.engine.validate_proposal(offer.proposal, session.state.sampling, limit=MAX_OFFER_TOKENS)
+        limit = self.engine.max_num_speculative_tokens
+        if offer.max_verified:
+            limit = min(limit, offer.max_verified)
+        held = self._offers.get(session_id)
+        if held is None or offer.start >= held.start:  # one drafted from an older C came late
+            self._offers[session_id] = DraftOffer(offer.start, offer.proposal, limit)
+        return True, session.state.committed_length
 
     def tokenizer_files(self) -> list[tuple[str, bytes]]:
         return self._tokenizer_files

@@ -10,7 +10,7 @@ import grpc
 
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from specdec.protocol import DecodedToken, Proposal
+from specdec.protocol import DecodedToken, DraftOffer, OfferTally, Proposal
 from target_service.service import TargetService
 
 
@@ -49,14 +49,18 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     async def Decode(self, request: target_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
-        """Streams each token as its pass ends; the last message carries the call's timing."""
+        """Streams each token as its pass ends, with what the call's passes did with offered
+        drafts so far; the last message carries the call's timing."""
         loop = asyncio.get_running_loop()
-        steps: asyncio.Queue[DecodedToken] = asyncio.Queue()
+        steps: asyncio.Queue[tuple[DecodedToken, OfferTally]] = asyncio.Queue()
         stop = threading.Event()
+        tally = OfferTally()
         start = convert.handle_from_proto(request.handle)
         decoding = asyncio.ensure_future(self.service.decode(
-            start, request.max_tokens, lambda token: loop.call_soon_threadsafe(steps.put_nowait, token),
-            stop.is_set))
+            start, request.max_tokens,
+            # on the model thread, right after the token's pass: the tally as that pass left it
+            lambda token: loop.call_soon_threadsafe(steps.put_nowait, (token, replace(tally))),
+            stop.is_set, tally))
         sent = 0
         try:
             while True:
@@ -66,13 +70,24 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     step.cancel()
                     break
                 sent += 1
+                token, so_far = step.result()
                 yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(
-                    replace(start, committed_length=start.committed_length + sent)), **_decoded([step.result()]))
+                    replace(start, committed_length=start.committed_length + sent)), **_decoded([token]),
+                    **_offered(so_far))
             handle, tokens, timing = await decoding
             yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(handle), **_decoded(tokens[sent:]),
-                                            last=True, **convert.timing_fields(timing))
+                                            last=True, **convert.timing_fields(timing), **_offered(tally))
         finally:
             stop.set()  # the caller went away: the job stops before its next step
+
+    async def Offer(self, request: target_pb2.OfferRequest, context: grpc.aio.ServicerContext):
+        proposal = Proposal(
+            token_ids=tuple(request.draft_token_ids),
+            distributions=tuple(convert.distribution_from_proto(d) for d in request.draft_distributions),
+        )
+        held, committed_length = self.service.offer(
+            request.session_id, DraftOffer(request.start, proposal, request.max_verified))
+        return target_pb2.OfferResponse(held=held, committed_length=committed_length)
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         return common_pb2.ReleaseResponse(released=await self.service.release(request.session_id))
@@ -85,6 +100,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             files=[target_pb2.TokenizerFile(name=n, content=c) for n, c in self.service.tokenizer_files()],
             tokenizer_hash=self.service.loaded.tokenizer_hash,
         )
+
+
+def _offered(tally: OfferTally) -> dict[str, int]:
+    return {"offered_passes": tally.passes, "offered_drafts": tally.drafts, "offered_accepted": tally.accepted}
 
 
 def _decoded(tokens: list[DecodedToken]) -> dict[str, list]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,17 @@ class PassSizes:
 
     def __exit__(self, *exc_info: object) -> None:
         self._worker.observer = self._previous
+
+
+class SlowPasses(PassSizes):
+    """Each forward pass of a service's worker takes `seconds` longer while in a with block, as on a
+    slower device (its observer sleeps on the model thread after the pass): what overlapping
+    the draft with the target needs to show on a tiny model, whose own passes take microseconds."""
+
+    def __init__(self, service, seconds: float) -> None:
+        super().__init__(service)
+        self.seconds = seconds
+
+    def pass_ran(self, rows: int, sessions: int, seconds: float) -> None:
+        super().pass_ran(rows, sessions, seconds)
+        time.sleep(self.seconds)

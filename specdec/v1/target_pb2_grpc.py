@@ -52,6 +52,11 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_target__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_target__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.Offer = channel.unary_unary(
+                '/specdec.v1.TargetService/Offer',
+                request_serializer=specdec_dot_v1_dot_target__pb2.OfferRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_target__pb2.OfferResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -102,6 +107,19 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Offer(self, request, context):
+        """Drafts for a session while a Decode call decodes it (streamed speculation): the draft's tokens
+        for C's positions start, start + 1, ... Each of the Decode's next passes looks at the session's
+        latest offer: if its tokens up to the session's current length match the tokens committed
+        there, up to max_verified of the ones after are verified in that pass, as a Verify would
+        verify them; otherwise the pass decodes one token as without drafts. The Decode's tokens are
+        the same either way (greedy), or distributed the same (sampling). An offer replaces the
+        session's previous one; outside a Decode it is not held.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -138,6 +156,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Decode,
                     request_deserializer=specdec_dot_v1_dot_target__pb2.DecodeRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_target__pb2.DecodeResponse.SerializeToString,
+            ),
+            'Offer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Offer,
+                    request_deserializer=specdec_dot_v1_dot_target__pb2.OfferRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_target__pb2.OfferResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -238,6 +261,33 @@ class TargetService:
             '/specdec.v1.TargetService/Decode',
             specdec_dot_v1_dot_target__pb2.DecodeRequest.SerializeToString,
             specdec_dot_v1_dot_target__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Offer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.TargetService/Offer',
+            specdec_dot_v1_dot_target__pb2.OfferRequest.SerializeToString,
+            specdec_dot_v1_dot_target__pb2.OfferResponse.FromString,
             options,
             channel_credentials,
             insecure,

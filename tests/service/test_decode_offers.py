@@ -1,0 +1,95 @@
+"""A Decode's passes verify the drafts offered to it (TargetEngine.decode with `offered`, float64
+tiny target, run alone): greedy tokens are the same with any offers, right, wrong, stale or
+ahead; offers of the target's own tokens are all accepted; and DraftOffer picks the drafts that
+follow C as it is."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from specdec.models import ModelConfig, load_model
+from specdec.protocol import DraftOffer, OfferTally, Proposal, SamplingParams
+from specdec.ragged import run_alone
+from target_service.engine import TargetEngine
+
+PROMPT = [18, 29, 13, 10, 26, 13, 25, 5]
+GREEDY = SamplingParams(temperature=0.0)
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pair):
+    model = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
+    return dataclasses.replace(model, eos_token_ids=())
+
+
+def _decode(loaded, offer_at=None, steps: int = STEPS, max_k: int = 8) -> tuple[list[int], OfferTally, int]:
+    """Prefill + Decode of `steps` tokens; offer_at(length) is the offer the session holds when its
+    committed length is `length` (None: none). Returns the tokens after the first, the tally, and
+    the first token."""
+    engine = TargetEngine(loaded, max_k)
+    state, first = run_alone(loaded.model, engine.prefill(PROMPT, GREEDY, resume=False))
+    tally = OfferTally()
+    offered = (lambda: offer_at(state.committed_length)) if offer_at is not None else (lambda: None)
+    tokens = run_alone(loaded.model, engine.decode(state, steps, offered=offered, tally=tally))
+    return [token.token_id for token in tokens], tally, first
+
+
+def test_offers_of_the_targets_own_tokens_are_all_accepted(loaded):
+    plain, _, first = _decode(loaded)
+    committed = [*PROMPT, first, *plain]
+    for lag, depth in ((0, 1), (1, 3), (3, 4)):
+        def offer_at(length: int, lag=lag, depth=depth) -> DraftOffer:
+            start = max(len(PROMPT) + 1, length - lag)  # drafted from C as it was `lag` tokens ago
+            return DraftOffer(start, Proposal(tuple(committed[start:start + lag + depth + 2])), depth)
+
+        tokens, tally, _ = _decode(loaded, offer_at)
+        assert tokens == plain
+        assert tally.passes > 0 and tally.accepted == tally.drafts
+        assert tally.drafts <= depth * tally.passes
+        # every pass but the last few verified `depth` drafts, all accepted: depth + 1 tokens a pass
+        assert tally.passes < len(plain)
+
+
+def test_any_offers_leave_greedy_tokens_unchanged(loaded):
+    plain, _, first = _decode(loaded)
+    committed = [*PROMPT, first, *plain]
+    rng = random.Random(3)
+    vocab = loaded.vocab_size
+    for trial in range(6):
+        def offer_at(length: int) -> DraftOffer | None:
+            kind = rng.random()
+            if kind < 0.15:
+                return None
+            start = rng.randint(len(PROMPT) - 2, length + 1)  # before the Decode, behind, at, ahead
+            drafts = [committed[i] if i < len(committed) and rng.random() < 0.7 else rng.randrange(vocab)
+                      for i in range(start, start + rng.randint(1, 8))]
+            return DraftOffer(start, Proposal(tuple(drafts)), rng.randint(1, 6))
+
+        tokens, tally, _ = _decode(loaded, offer_at, max_k=rng.choice([2, 8]))
+        assert tokens == plain, trial
+        assert tally.accepted <= tally.drafts
+
+
+def test_a_round_stops_at_the_calls_max_tokens(loaded):
+    plain, _, first = _decode(loaded)
+    committed = [*PROMPT, first, *plain]
+    for steps in (1, 2, 5):
+        tokens, tally, _ = _decode(
+            loaded, lambda length: DraftOffer(length, Proposal(tuple(committed[length:length + 8])), 8),
+            steps=steps)
+        assert tokens == plain[:steps]
+        assert tally.drafts <= max(0, steps - 1)
+
+
+def test_draft_offer_takes_the_drafts_after_c():
+    offer = DraftOffer(10, Proposal((1, 2, 3, 4, 5)), max_verified=2)
+    known = [9, 1, 2]  # C[9:12]
+    assert offer.drafts_after(known[:1], 9, 10).token_ids == (1, 2)
+    assert offer.drafts_after(known, 9, 12).token_ids == (3, 4)
+    assert offer.drafts_after([9, 1, 7], 9, 12).token_ids == ()  # C differs where the drafts were
+    assert offer.drafts_after([7, 9, 1, 2, 3, 4, 5], 8, 15).token_ids == ()  # nothing left past C
+    assert offer.drafts_after([2], 11, 12).token_ids == ()  # starts before what is known of C

@@ -1,0 +1,165 @@
+"""Streamed speculation through real services: the target decodes on in one Decode call and
+verifies the drafts the draft offers it meanwhile (Offer).
+
+The draft runs as its own process (`specdec serve draft`), as on its own machine: in one process
+every service's passes share one model thread, so a draft call would wait behind the target's
+passes and its offers would always come too late. The target (in-process, float64) has each pass
+slowed to SLOW_PASS_SECONDS, as a larger model's would be, so that offers arrive while its Decode
+is still going. Greedy output is the target's own, whatever the offers held and whenever they
+arrived; sampled, the joint law of the first tokens is the target's (the chi-square test of
+tests/service/test_sampling_services.py, with a close draft so that offered drafts are verified
+among those tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+import orchestrator.server
+from orchestrator.pool import PoolConfig
+from orchestrator.service import OrchestratorConfig
+from specdec.rpc.server import ServerConfig
+from specdec.v1 import common_pb2
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+from tests import tiny_models
+from tests.process_groups import run_specdec
+from tests.service import test_sampling_services as sampling
+from tests.stack import SlowPasses, generate, start_target
+
+MAX_NEW_TOKENS = 40
+SLOW_PASS_SECONDS = 0.03
+
+
+class StreamedStack:
+    def __init__(self, target, servers, draft_process) -> None:
+        self.target = target
+        self.servers = servers
+        self.draft_process = draft_process
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.servers[-1].port}"
+
+
+def _start(loop_thread, target_dir: Path, draft_dir: Path, top_m: int, num_speculative_tokens: int):
+    """A context manager's body: the draft process, the target and orchestrator in-process."""
+    with run_specdec("serve", "draft", "--model", str(draft_dir), "--dtype", "float64", "--port", "0",
+                     "--threads", "1", "--top-m", str(top_m)) as draft:
+        draft_address = draft.wait_for_line(r"READY draft (\S+)").group(1)
+
+        async def start():
+            target_server, target = await start_target(target_dir)
+            config = OrchestratorConfig(draft=draft_address, target=f"127.0.0.1:{target_server.port}",
+                                        num_speculative_tokens=num_speculative_tokens,
+                                        pool=PoolConfig(refresh_seconds=0.5), startup_timeout_seconds=60)
+            orchestrator_server, _ = await orchestrator.server.start(config, ServerConfig(port=0))
+            return target, [target_server, orchestrator_server]
+
+        target, servers = loop_thread.run(start())
+        try:
+            with SlowPasses(target, SLOW_PASS_SECONDS):
+                yield StreamedStack(target, servers, draft)
+        finally:
+            async def stop():
+                for server in reversed(servers):
+                    await server.stop()
+
+            loop_thread.run(stop())
+
+
+@pytest.fixture(scope="module")
+def greedy_stack(loop_thread, tiny_pair):
+    """The default tiny pair: the perturbed draft agrees with the target often, not always."""
+    yield from _start(loop_thread, tiny_pair.target_dir, tiny_pair.draft_dir, top_m=64, num_speculative_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def sampled_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streamed-sampling-pair")
+    target = sampling._small_model(seed=11)
+    target_dir = tiny_models.save(target, root / "target", with_tokenizer=False)
+    draft_dir = tiny_models.save(tiny_models.perturbed_copy(target, seed=5, scale=0.5), root / "draft",
+                                 with_tokenizer=False)
+    return target_dir, draft_dir
+
+
+@pytest.fixture(scope="module")
+def sampled_stack(loop_thread, sampled_pair):
+    yield from _start(loop_thread, *sampled_pair, top_m=sampling.DRAFT_TOP_M,
+                      num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS)
+
+
+def _prompts(count: int, vocab_size: int = 50) -> list[list[int]]:
+    rng = random.Random(7)
+    return [[rng.randrange(3, vocab_size) for _ in range(rng.randint(2, 20))] for _ in range(count)]
+
+
+def _request(prompt: list[int], num_speculative_tokens: int, pipeline: int = pb.PIPELINE_MODE_STREAM,
+             sampling_params: common_pb2.SamplingParams | None = None, max_new_tokens: int = MAX_NEW_TOKENS
+             ) -> pb.GenerateRequest:
+    speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=num_speculative_tokens,
+                                       pipeline=pipeline)
+    return pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=max_new_tokens, speculation=speculation,
+                              sampling=sampling_params)
+
+
+@pytest.mark.parametrize("num_speculative_tokens", [1, 3])
+def test_streamed_greedy_output_is_the_targets(greedy_stack, reference_target, num_speculative_tokens):
+    drafts = accepted = passes = 0
+    for prompt in _prompts(4):
+        tokens, _, last = generate(greedy_stack.address, _request(prompt, num_speculative_tokens))
+        with torch.no_grad():
+            output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        assert tokens == output[0, len(prompt):].tolist(), prompt
+        stats = last.stats
+        assert stats.drafted_tokens == 0 and stats.decode_calls > 0  # no Verify rounds: Decode calls only
+        assert stats.offered_drafts <= num_speculative_tokens * stats.offered_passes
+        assert stats.offered_passes <= stats.decoded_tokens
+        drafts += stats.offered_drafts
+        accepted += stats.offered_accepted
+        passes += stats.offered_passes
+    # Offers reached the target's passes; the perturbed draft was both right and wrong there.
+    assert passes > 0 and 0 < accepted < drafts, (passes, accepted, drafts)
+
+
+def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sampled_pair):
+    law = sampling.reference_joint_law(sampling._load(sampled_pair[0]),
+                                       sampling.Config(temperature=1.0, top_k=0, num_samples=0, first_seed=0))
+    num_samples = 600
+
+    async def run() -> list[tuple[list[int], pb.GenerationStats]]:
+        semaphore = asyncio.Semaphore(sampling.IN_FLIGHT)
+        async with grpc.aio.insecure_channel(sampled_stack.address) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+
+            async def one(seed: int) -> tuple[list[int], pb.GenerationStats]:
+                request = _request(sampling.PROMPT, sampling.NUM_SPECULATIVE_TOKENS,
+                                   sampling_params=common_pb2.SamplingParams(temperature=1.0, seed=seed),
+                                   max_new_tokens=sampling.MAX_NEW_TOKENS)
+                async with semaphore:
+                    tokens, last = [], None
+                    async for response in stub.Generate(request, timeout=sampling.TIMEOUT):
+                        tokens.extend(response.token_ids)
+                        last = response
+                return tokens, last.stats
+
+            return await asyncio.gather(*(one(seed) for seed in range(50_000, 50_000 + num_samples)))
+
+    results = loop_thread.run(run())
+    assert all(len(tokens) == sampling.MAX_NEW_TOKENS for tokens, _ in results)
+    samples = torch.tensor([tokens[:sampling.NUM_TOKENS] for tokens, _ in results])
+    p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(samples), law)
+    assert p_value > sampling.ALPHA, summary
+    drafts = sum(stats.offered_drafts for _, stats in results)
+    accepted = sum(stats.offered_accepted for _, stats in results)
+    # Offered drafts were verified, and both accepted and rejected. All of them stood for tokens
+    # 2 or 3: the Decode after the first token asks for 3, and a pass verifies drafts only where
+    # it may commit a token after them (so not after the Decode's second token).
+    assert 0 < accepted < drafts, (accepted, drafts)
