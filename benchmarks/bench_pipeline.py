@@ -602,14 +602,18 @@ def summarize(runs: list[dict], config: BenchConfig) -> dict:
 
 def comparisons(rate: dict, config: BenchConfig) -> list[dict]:
     """Per RTT and temperature, ratios within each repetition (median and range over them): each
-    schedule over target-only, and each pipelined schedule over the same schedule without
-    pipelining where the run has it."""
+    schedule over target-only, each pipelined schedule over the same schedule without pipelining,
+    and each streamed one also over adaptive K without pipelining, where the run has them."""
     names = {s.name for s in config.parsed_schedules}
     pairs = [(s.name, OFF, f"{s.label} / target-only") for s in config.parsed_schedules if s.name != OFF]
     for s in config.parsed_schedules:
-        if s.pipelined and f"{s.base}/off" in names:
-            unpipelined = parse_schedule(f"{s.base}/off")
-            pairs.append((s.name, unpipelined.name, f"{s.label} / {unpipelined.label}"))
+        baselines = [f"{s.base}/off"] if s.pipelined or s.pipeline == "stream" else []
+        if s.pipeline == "stream" and s.base != "adaptive":
+            baselines.append("adaptive/off")
+        for baseline in baselines:
+            if baseline in names:
+                unpipelined = parse_schedule(baseline)
+                pairs.append((s.name, unpipelined.name, f"{s.label} / {unpipelined.label}"))
     result = []
     for temperature in config.temperatures:
         for numerator, denominator, label in pairs:

@@ -101,6 +101,24 @@ class DraftEngine:
             return state.last.proposal(fed_tokens=0)
         committed = state.committed
         cache = state.cache
+        last, state.last = state.last, None
+        reused = _drafts_still_ahead(last, new_committed)
+        if reused is not None and len(cache) == len(committed) + len(reused.token_ids) - 1:
+            # C grew by the last proposal's first drafts only (as it does under streamed
+            # speculation): its other drafts are the ones a Propose would draft now (they depend
+            # only on the prefix, the seed and the position), and the cache holds C and all of
+            # them but the last. Draft on after them.
+            if len(reused.token_ids) >= num_speculative_tokens:
+                state.last = reused.first(num_speculative_tokens)
+                cache.truncate(len(committed) + num_speculative_tokens - 1)
+                return state.last.proposal(fed_tokens=0)
+            position = len(committed) + len(reused.token_ids)
+            logits = (yield Feed(cache, [reused.token_ids[-1]]))[-1]
+            more = yield from self._draft(cache, logits, state.sampling, position,
+                                          num_speculative_tokens - len(reused.token_ids))
+            state.last = Drafted(reused.token_ids + more.token_ids, reused.distributions + more.distributions,
+                                 reused.candidates + more.candidates)
+            return state.last.proposal(fed_tokens=len(more.token_ids))
         keep = min(_common_prefix(cache.token_ids, committed), len(committed) - 1)
         cache.truncate(keep)  # at least C[-1] is fed, so its logits score d1
         to_feed = committed[keep:]
@@ -174,6 +192,17 @@ def bonus_candidates(logits: torch.Tensor, sampling: SamplingParams, round_start
     uniform = torch.tensor([round_uniform(sampling.seed, round_start)], dtype=torch.float64)
     coupled = int(sample_categorical(probs, uniform)[0])
     return [coupled, *(token for token in top if token != coupled)][:NUM_CANDIDATES]
+
+
+def _drafts_still_ahead(last: Drafted | None, new_committed: list[int]) -> Drafted | None:
+    """The last proposal's drafts after new_committed, when C grew by its first drafts and no
+    other token (a round's outcome always ends with the target's own token: then None)."""
+    if last is None or not new_committed or len(new_committed) >= len(last.token_ids):
+        return None
+    if last.token_ids[:len(new_committed)] != list(new_committed):
+        return None
+    skip = len(new_committed)
+    return Drafted(last.token_ids[skip:], last.distributions[skip:], last.candidates[skip:])
 
 
 def _last(state: DraftSessionState) -> Drafted:

@@ -118,6 +118,7 @@ class StreamedDrafts:
                              f"{self.num_speculative_tokens}")
 
     def drafts_per_offer(self, max_num_speculative_tokens: int) -> int:
+        """K past the expected lookahead."""
         return max(1, min(max_num_speculative_tokens,
                           self.num_speculative_tokens + math.ceil(self.lookahead - 1e-9)))
 
