@@ -118,9 +118,9 @@ class StreamedDrafts:
                              f"{self.num_speculative_tokens}")
 
     def drafts_per_offer(self, max_num_speculative_tokens: int) -> int:
-        """K past the expected lookahead."""
+        """K past the expected lookahead (rounded up, a tenth of a token forgiven)."""
         return max(1, min(max_num_speculative_tokens,
-                          self.num_speculative_tokens + math.ceil(self.lookahead - 1e-9)))
+                          self.num_speculative_tokens + max(0, math.ceil(self.lookahead - 0.1))))
 
     def observe_lag(self, committed_meanwhile: int) -> None:
         """An offer drafted from a C of length n arrived at the target when it had n + committed_meanwhile."""
