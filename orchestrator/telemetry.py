@@ -128,6 +128,11 @@ class Telemetry:
         self.pipeline_misses = counter("specdec:pipeline_misses",
                                        "Rounds after a pipelined round whose outcome had no branch")
         self.branches_drafted = counter("specdec:branches_drafted", "Branches drafted ahead")
+        # Streamed speculation (drafts offered to the target's Decode).
+        self.offered_passes = counter("specdec:offered_passes",
+                                      "Target passes of streamed requests that verified offered drafts")
+        self.offered_drafts = counter("specdec:offered_drafts", "Offered drafts verified by the target")
+        self.offered_accepted = counter("specdec:offered_accepted", "Offered drafts the target accepted")
         # The orchestrator HPA's Pods metric, under the model services' name and labels.
         self.active_sessions = Gauge("specdec_active_sessions", "Generate streams in flight",
                                      ["role", "replica_id"], registry=registry).labels(
@@ -152,7 +157,8 @@ class Telemetry:
                        self.e2e_request_latency, self.prompt_tokens, self.generation_tokens,
                        self.num_requests_running, self.num_speculative_tokens, self.re_prefills,
                        self.draft_unavailable_rounds, self.pipelined_rounds, self.pipeline_hits,
-                       self.pipeline_misses, self.branches_drafted):
+                       self.pipeline_misses, self.branches_drafted, self.offered_passes,
+                       self.offered_drafts, self.offered_accepted):
             family.labels(model_name)
         self._position(0)
 
@@ -274,6 +280,9 @@ class RequestTelemetry:
         t.pipeline_hits.labels(model).inc(stats.pipeline_hits)
         t.pipeline_misses.labels(model).inc(stats.pipeline_misses)
         t.branches_drafted.labels(model).inc(stats.branches_drafted)
+        t.offered_passes.labels(model).inc(stats.offered_passes)
+        t.offered_drafts.labels(model).inc(stats.offered_drafts)
+        t.offered_accepted.labels(model).inc(stats.offered_accepted)
         if last is not None and finish not in ("abort", "error"):
             t.e2e_request_latency.labels(model).observe(last - self.arrived)
             if first_token is not None and stats.generated_tokens > 1:

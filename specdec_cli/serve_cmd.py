@@ -201,7 +201,8 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
                         help="speculation mode of requests that do not set one")
     parser.add_argument("--num-speculative-tokens", type=int,
                         default=default_of(OrchestratorConfig, "num_speculative_tokens"),
-                        help="K of fixed mode and the heuristic's starting K")
+                        help="K of fixed mode, the heuristic's starting K, and under --pipeline stream the "
+                             "most offered drafts a target pass verifies for adaptive requests")
     parser.add_argument("--max-num-speculative-tokens", type=int,
                         default=default_of(OrchestratorConfig, "max_num_speculative_tokens"),
                         help="adaptive K's maximum (the servers' limit also applies)")

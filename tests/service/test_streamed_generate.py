@@ -37,8 +37,9 @@ SLOW_PASS_SECONDS = 0.03
 
 
 class StreamedStack:
-    def __init__(self, target, servers, draft_process) -> None:
+    def __init__(self, target, orchestrator_service, servers, draft_process) -> None:
         self.target = target
+        self.orchestrator = orchestrator_service
         self.servers = servers
         self.draft_process = draft_process
 
@@ -58,13 +59,13 @@ def _start(loop_thread, target_dir: Path, draft_dir: Path, top_m: int, num_specu
             config = OrchestratorConfig(draft=draft_address, target=f"127.0.0.1:{target_server.port}",
                                         num_speculative_tokens=num_speculative_tokens,
                                         pool=PoolConfig(refresh_seconds=0.5), startup_timeout_seconds=60)
-            orchestrator_server, _ = await orchestrator.server.start(config, ServerConfig(port=0))
-            return target, [target_server, orchestrator_server]
+            orchestrator_server, service = await orchestrator.server.start(config, ServerConfig(port=0))
+            return target, service, [target_server, orchestrator_server]
 
-        target, servers = loop_thread.run(start())
+        target, service, servers = loop_thread.run(start())
         try:
             with SlowPasses(target, SLOW_PASS_SECONDS):
-                yield StreamedStack(target, servers, draft)
+                yield StreamedStack(target, service, servers, draft)
         finally:
             async def stop():
                 for server in reversed(servers):
@@ -127,6 +128,10 @@ def test_streamed_greedy_output_is_the_targets(greedy_stack, reference_target, n
         passes += stats.offered_passes
     # Offers reached the target's passes; the perturbed draft was both right and wrong there.
     assert passes > 0 and 0 < accepted < drafts, (passes, accepted, drafts)
+    # /metrics counts them too (the orchestrator's registry, as its metrics port serves it)
+    registry = greedy_stack.orchestrator.telemetry.registry
+    model = greedy_stack.orchestrator.telemetry.model_name
+    assert registry.get_sample_value("specdec:offered_accepted_total", {"model_name": model}) >= accepted
 
 
 def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sampled_pair):
