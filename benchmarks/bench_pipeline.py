@@ -8,17 +8,19 @@ delay) one `specdec serve orchestrator` that reaches each service through a TCP 
 own (specdec/delay_proxy.py, in a thread of this process; the 0 ms rows go through proxies too, so
 the proxies' own cost is in every row). The orchestrators and this process are not pinned.
 
-Schedules are chosen per request (SpeculationConfig): target-only (speculation off, the same
-pinned target), adaptive K without pipelining (pipeline OFF), adaptive K with pipelining (AUTO:
-the controller drafts ahead where it pays), and fixed K = 1..4 with pipelining ON (the server's
-default fan-out unless --fanout); greedy and T = 0.7 (seed 1000 + the prompt's index, the same for
-every schedule). Method: for each repetition and each RTT, every (schedule, temperature) cell runs
-on the same prompts in a shuffled order, so a machine that speeds up or slows down touches every
-schedule alike. Tokens/s of a cell = generated tokens / the orchestrator's wall time, summed over
-the prompts; ratios are taken within a repetition (same RTT and temperature) and their median
-over repetitions is reported. Per cell also: τ (committed tokens per round), mean K, the share of
-rounds that drafted ahead, hit rate (pipeline_hits / (hits + misses): a round after a pipelined
-round that found its outcome among the branches), mean fan-out, and for greedy cells whether every
+Schedules are chosen per request (SpeculationConfig): target-only (speculation off, the same pinned
+target), adaptive K without pipelining (pipeline OFF), adaptive K with pipelining (AUTO: the
+controller drafts ahead where it pays), fixed K = 1..4 with pipelining ON (the server's default
+fan-out unless --fanout), and fixed K = 2 streamed (STREAM: no rounds, the target's Decode verifies
+the draft's offered drafts; also over adaptive K without pipelining); greedy and T = 0.7 (seed 1000
++ the prompt's index, the same for every schedule). Method: for each repetition and each RTT, every
+(schedule, temperature) cell runs on the same prompts in a shuffled order, so a machine that speeds
+up or slows down touches every schedule alike. Tokens/s of a cell = generated tokens / the
+orchestrator's wall time, summed over the prompts; ratios are taken within a repetition (same RTT
+and temperature) and their median over repetitions is reported. Per cell also: τ (committed tokens
+per round), mean K, the share of rounds that drafted ahead, hit rate (pipeline_hits / (hits +
+misses): a round after a pipelined round that found its outcome among the branches), mean fan-out,
+for streamed cells the offered drafts verified and accepted, and for greedy cells whether every
 output equals the target-only output of the same prompt.
 
 Predicted hit rate (greedy, fixed K): once the services are stopped, the target and the draft are
@@ -141,7 +143,7 @@ def parse_schedule(text: str) -> Schedule:
 
 
 def default_schedules(ks: tuple[int, ...]) -> str:
-    return ",".join([OFF, "adaptive/off", "adaptive/auto", *(f"k={k}/on" for k in ks)])
+    return ",".join([OFF, "adaptive/off", "adaptive/auto", *(f"k={k}/on" for k in ks), "k=2/stream"])
 
 
 @dataclass(frozen=True)

@@ -206,7 +206,9 @@ class Generation:
                     await decoding.aclose()  # a finished request cancels the rest of the call
                     if offering is not None:
                         offering.cancel()
-                        await asyncio.gather(offering, return_exceptions=True)
+                        (ended,) = await asyncio.gather(offering, return_exceptions=True)
+                        if isinstance(ended, Exception):  # offers are an optimisation: the Decode went on
+                            log.warning("offering drafts to the target failed: %s", ended)
                 if decoded is None:
                     chunk = self._commit([])
                 else:

@@ -45,7 +45,8 @@ def test_every_cell_is_measured_and_tabled(quick_run):
     data, markdown, stdout = quick_run
     config = data["config"]
     assert config["quick"] and config["rtts_ms"] == [0.0, 10.0] and config["repetitions"] == 1
-    assert config["schedules"] == ["off", "adaptive/off", "adaptive/auto", "k=1/on", "k=2/on", "k=3/on", "k=4/on"]
+    assert config["schedules"] == ["off", "adaptive/off", "adaptive/auto", "k=1/on", "k=2/on", "k=3/on", "k=4/on",
+                                   "k=2/stream"]
     expected = {(r, s, t) for r in config["rtts_ms"] for s in config["schedules"] for t in config["temperatures"]}
     cells = _cells(data)
     assert set(cells) == expected
@@ -60,6 +61,7 @@ def test_every_cell_is_measured_and_tabled(quick_run):
             assert labels[schedule] in text, schedule
         assert "adaptive + pipelining (auto) / adaptive" in text  # the pipelining gain, adaptive
         assert "K=2 + pipelining / target-only" in text
+        assert "K=2 + streamed / adaptive" in text
     table_rows = [line for line in markdown.splitlines() if line.startswith("| ") and " ms |" in line]
     assert len(table_rows) >= len(expected)  # a row per cell (and the ratio table's header)
 
@@ -97,7 +99,10 @@ def test_pipelined_rows_draft_ahead_and_the_others_do_not(quick_run):
             assert cell["pipelined_rounds"] == 0 and cell["hit_rate"] is None, (rtt, schedule, temperature)
         if schedule == "off":
             assert cell["mean_k"] == 0 and cell["tau"] == 1.0
-        if schedule.startswith("k="):
+        if schedule.endswith("/stream"):  # no rounds: the target's Decode verifies offered drafts
+            assert cell["pipelined_rounds"] == 0 and cell["mean_k"] == 0, (rtt, schedule, temperature)
+            assert cell["offered_accepted"] <= cell["offered_drafts"], (rtt, schedule, temperature)
+        elif schedule.startswith("k="):
             k = int(schedule[2:].split("/")[0])
             assert 0 < cell["mean_k"] <= k, (rtt, schedule, temperature)
             assert cell["pipelined_rounds"] > 0, (rtt, schedule, temperature)
