@@ -28,6 +28,7 @@ from orchestrator.k_policy import (
 )
 from orchestrator.local_draft import LocalDraft, lookup_reply
 from orchestrator.pipelining import (
+    MIN_PACE_TOKENS,
     NO_AHEAD,
     AheadObservation,
     AheadPlan,
@@ -146,6 +147,8 @@ class Generation:
         self.pipeline = pipeline if pipeline is not None else NoPipeline()  # drafting ahead
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
+        self._decoded_in_call = 0  # tokens the last Decode brought
+        self._offers_stopped = False  # the last Decode's offers stopped early (StreamPaces)
         # Under sampling, p(y) of each token of the current Decode by its index in C, for a probe
         # beside the stretch; a target that does not send them leaves such probes unmeasurable.
         self._decoded_probabilities: dict[int, float] = {}
@@ -188,8 +191,10 @@ class Generation:
                         continue
                     shadow = self._take_shadow_probe(plain_rounds)
                 decoded: Chunk | None = None
+                offers = streamed is not None and streamed.paces.offer_next()
                 decoding = self._decode(plain_rounds, streamed=streamed is not None)
-                offering = asyncio.create_task(self._offer_drafts(streamed)) if streamed is not None else None
+                self._offers_stopped = False
+                offering = asyncio.create_task(self._offer_drafts(streamed)) if offers else None
                 try:
                     self._launch_shadow_probe(shadow)
                     async for tokens in decoding:
@@ -209,6 +214,9 @@ class Generation:
                         (ended,) = await asyncio.gather(offering, return_exceptions=True)
                         if isinstance(ended, Exception):  # offers are an optimisation: the Decode went on
                             log.warning("offering drafts to the target failed: %s", ended)
+                if streamed is not None and self._decoded_in_call >= MIN_PACE_TOKENS and not self._offers_stopped:
+                    assert self._decode_token_seconds is not None
+                    streamed.paces.observe(offers, self._decode_token_seconds)
                 if decoded is None:
                     chunk = self._commit([])
                 else:
@@ -305,7 +313,8 @@ class Generation:
     async def _offer_drafts(self, streamed: StreamedDrafts) -> None:
         """Beside a streamed Decode: each time C has grown, the draft drafts from it, enough to
         reach past where the target is expected to be by the time they arrive, and offers them to
-        the target. Ends when the draft is gone (the Decode goes on alone) or when cancelled."""
+        the target. Ends when the draft is gone or the offers clearly slow the Decode (it goes on
+        alone), or when cancelled."""
         async def offer(drafted: DraftOffer) -> None:
             held, length = await self.replicas.offer(drafted)
             if held:
@@ -313,12 +322,20 @@ class Generation:
 
         offered_from = -1
         sent: set[asyncio.Task[None]] = set()
+        started, first = time.perf_counter(), len(self.committed)
         try:
             while True:
                 if len(self.committed) == offered_from:
                     self._grew.clear()
                     await self._grew.wait()
                     continue
+                decoded = len(self.committed) - first
+                if decoded >= MIN_PACE_TOKENS:
+                    pace = (time.perf_counter() - started) / decoded
+                    if streamed.paces.clearly_slower(pace):  # the rest of the call decodes alone
+                        streamed.paces.observe(True, pace)
+                        self._offers_stopped = True
+                        return
                 start = list(self.committed)
                 offered_from = len(start)
                 await self.replicas.settle_draft(start)
@@ -455,6 +472,7 @@ class Generation:
         else:
             steps = self._guarded_steps()
         self.stats.decode_calls += 1
+        self._decoded_in_call = 0
         steps = max(1, min(steps, MAX_DECODE_STEPS, remaining, context_left))
         # A stretch longer than one call takes several: each call that runs all it may is a full one.
         planned = min(plain_rounds, MAX_DECODE_STEPS)
@@ -498,6 +516,7 @@ class Generation:
                 self.stats.offered_passes += offered.passes
                 self.stats.offered_drafts += offered.drafts
                 self.stats.offered_accepted += offered.accepted
+            self._decoded_in_call = decoded
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
                 if planned > 0 and isinstance(self.policy, PlainStretches):

@@ -23,7 +23,8 @@ passes, verified or rejected.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 PipelineMode = Literal["off", "on", "auto", "stream"]
@@ -101,6 +102,64 @@ class FixedPipeline:
         pass
 
 
+class StreamPaces:
+    """Whether offering drafts pays, measured: the seconds per token of streamed requests' Decode
+    calls with offers and without, smoothed over the orchestrator's requests. Offers cost the
+    target nothing when the draft has machines of its own, and a great deal when it shares the
+    target's cores (each offer is a draft call per target token): a call offers while that is the
+    faster of the two, and every so often (at most 1 in `max_interval` calls, 1 in
+    `min_interval` again after a flip) the other one is measured again; a call whose offers
+    clearly slow it stops offering after MIN_PACE_TOKENS tokens."""
+
+    def __init__(self, weight: float = 0.3, min_interval: int = 4, max_interval: int = 64,
+                 early_end_loss: float = 0.3) -> None:
+        self.weight = weight
+        self.early_end_loss = early_end_loss
+        self.min_interval, self.max_interval = min_interval, max_interval
+        self.interval = min_interval
+        self.seconds: dict[bool, float | None] = {True: None, False: None}  # by offering
+        self._since_test = 0
+        self._lock = threading.Lock()
+
+    def offer_next(self) -> bool:
+        """Whether the next Decode call offers drafts: each way is measured once first (offering
+        first), then the faster, and the other at the schedule's tests."""
+        with self._lock:
+            if self.seconds[True] is None:
+                return True
+            if self.seconds[False] is None:
+                return False
+            faster = self.seconds[True] <= self.seconds[False]
+            self._since_test += 1
+            if self._since_test >= self.interval:
+                self._since_test = 0
+                return not faster
+            return faster
+
+    def clearly_slower(self, seconds_per_token: float) -> bool:
+        """Whether a call that offers runs slower than calls without offers by more than
+        `early_end_loss`: a test that is losing clearly need not run to its end."""
+        with self._lock:
+            plain = self.seconds[False]
+            return plain is not None and seconds_per_token > plain * (1 + self.early_end_loss)
+
+    def observe(self, offered: bool, seconds_per_token: float) -> None:
+        """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS)."""
+        with self._lock:
+            before = self.seconds[True] is not None and self.seconds[False] is not None
+            faster = before and self.seconds[True] <= self.seconds[False]
+            old = self.seconds[offered]
+            self.seconds[offered] = seconds_per_token if old is None else old + self.weight * (seconds_per_token - old)
+            if before and faster != (self.seconds[True] <= self.seconds[False]):
+                self.interval = self.min_interval  # flipped: test the loser soon again
+            elif before and offered != faster:
+                self.interval = min(self.max_interval, 2 * self.interval)  # a test confirmed it
+
+
+# Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.
+MIN_PACE_TOKENS = 16
+
+
 @dataclass
 class StreamedDrafts:
     """Streamed speculation: no rounds; the target verifies at most num_speculative_tokens of the
@@ -109,6 +168,7 @@ class StreamedDrafts:
     smoothed number the target committed between an offer's drafting and its arrival."""
 
     num_speculative_tokens: int
+    paces: StreamPaces = field(default_factory=StreamPaces)  # the orchestrator's, shared
     lookahead: float = 1.0
     weight: float = 0.3  # of each new observation in the smoothed lookahead
 

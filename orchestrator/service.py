@@ -45,6 +45,7 @@ from orchestrator.pipelining import (
     PipelineMode,
     PipelinePolicy,
     StreamedDrafts,
+    StreamPaces,
 )
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.speculation_guard import SpeculationGuard
@@ -123,6 +124,7 @@ class OrchestratorService:
         # a lookup's acceptance by match length (orchestrator/lookup_policy.py), greedy and sampled
         self.lookup_priors = {"greedy": LookupPriors(), "sampled": LookupPriors()}
         self.pipeline_priors = {"greedy": PipelinePriors(), "sampled": PipelinePriors()}
+        self.stream_paces = StreamPaces()  # whether streamed requests' offers pay (pipelining.py)
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
@@ -276,7 +278,7 @@ class OrchestratorService:
         if mode == "stream":
             # The target verifies up to K offered drafts a pass: fixed K's, else the server's K.
             depth = policy.num_speculative_tokens if isinstance(policy, FixedK) else self.config.num_speculative_tokens
-            return StreamedDrafts(depth) if depth > 0 else NoPipeline()
+            return StreamedDrafts(depth, self.stream_paces) if depth > 0 else NoPipeline()
         if mode == "auto" and isinstance(policy, AdaptiveKController):
             return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)

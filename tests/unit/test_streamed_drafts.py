@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pipelining import StreamedDrafts
+from orchestrator.pipelining import StreamedDrafts, StreamPaces
 
 
 def test_an_offer_drafts_k_past_the_expected_lookahead():
@@ -30,3 +30,38 @@ def test_the_lookahead_follows_a_network_that_speeds_up():
 def test_streaming_verifies_at_least_one_draft_a_pass():
     with pytest.raises(ValueError):
         StreamedDrafts(num_speculative_tokens=0)
+
+
+def _calls(paces: StreamPaces, seconds: dict[bool, float], count: int) -> list[bool]:
+    """count Decode calls, each measured at the pace its way has (seconds per token)."""
+    offered = []
+    for _ in range(count):
+        offers = paces.offer_next()
+        paces.observe(offers, seconds[offers])
+        offered.append(offers)
+    return offered
+
+
+def test_offers_stop_where_they_slow_the_target_and_are_tested_seldom():
+    paces = StreamPaces()
+    # a draft on the target's cores: offering makes each token 2.5x slower
+    offered = _calls(paces, {True: 0.100, False: 0.040}, 200)
+    assert offered[:2] == [True, False]  # each way measured once, offering first
+    assert sum(offered[2:]) <= 10  # then the other way only at the tests, ever rarer
+    assert offered[-64:].count(True) <= 2
+
+
+def test_offers_go_on_where_they_pay_and_a_change_is_followed():
+    paces = StreamPaces()
+    offered = _calls(paces, {True: 0.030, False: 0.036}, 100)
+    assert sum(offered[2:]) >= 90  # the draft on its own machine: offering stays on
+    # the draft is moved onto the target's machine: offering turns itself off
+    later = _calls(paces, {True: 0.080, False: 0.036}, 200)
+    assert later[-100:].count(True) <= 4
+
+
+def test_a_call_whose_offers_clearly_slow_it_is_told_apart():
+    paces = StreamPaces(early_end_loss=0.3)
+    assert not paces.clearly_slower(1.0)  # nothing to compare with yet
+    paces.observe(False, 0.040)
+    assert paces.clearly_slower(0.060) and not paces.clearly_slower(0.050)
