@@ -600,7 +600,10 @@ def summarize(runs: list[dict], config: BenchConfig) -> dict:
                 cells.append(cell)
     # Streamed schedules are left out: which passes verify offered drafts depends on timing, and
     # a sampled output on which passes did (distributed as the target's, not reproducible).
-    fixed_k = lambda schedule: parse_schedule(schedule).mode == "fixed" and parse_schedule(schedule).pipeline != "stream"
+    def fixed_k(schedule: str) -> bool:
+        parsed = parse_schedule(schedule)
+        return parsed.mode == "fixed" and parsed.pipeline != "stream"
+
     return {"cells": cells, "comparisons": comparisons(rate, config), "exactness": common.exactness(runs, fixed_k)}
 
 
@@ -815,7 +818,8 @@ def describe(summary: dict, config: BenchConfig, prompts: list, placements: dict
          f"x <= {config.max_new_tokens} new tokens per cell; RTT = 2 x one-way proxy delay on each hop."),
         (f"Pinned: {pins or 'no'}; {config.threads} torch thread(s) per model service; pipelined requests' "
          f"fan-out: {config.fanout or 'the server default'}."),
-        ("τ: committed tokens per round (streamed: per target pass); drafted ahead: share of rounds that drafted ahead; hit rate: "
+        ("τ: committed tokens per round (streamed: per target pass); drafted ahead: share of rounds "
+         "that drafted ahead; hit rate: "
          "pipeline_hits / (hits + misses); ratios within each repetition."),
     ]
     exact = summary["exactness"]

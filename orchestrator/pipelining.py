@@ -149,7 +149,8 @@ class StreamPaces:
             before = self.seconds[True] is not None and self.seconds[False] is not None
             faster = before and self.seconds[True] <= self.seconds[False]
             old = self.seconds[offered]
-            self.seconds[offered] = seconds_per_token if old is None else old + self.weight * (seconds_per_token - old)
+            smoothed = seconds_per_token if old is None else old + self.weight * (seconds_per_token - old)
+            self.seconds[offered] = smoothed
             if before and faster != (self.seconds[True] <= self.seconds[False]):
                 self.interval = self.min_interval  # flipped: test the loser soon again
             elif before and offered != faster:

@@ -6,8 +6,17 @@ from collections.abc import Callable
 
 from specdec.models import LoadedModel, tokenizer_files
 from specdec.ragged import Job
-from specdec.protocol import (MAX_OFFER_TOKENS, DecodedToken, DraftOffer, Handle, OfferTally, Proposal, SamplingParams, Timing,
-                              VerifyOutcome)
+from specdec.protocol import (
+    MAX_OFFER_TOKENS,
+    DecodedToken,
+    DraftOffer,
+    Handle,
+    OfferTally,
+    Proposal,
+    SamplingParams,
+    Timing,
+    VerifyOutcome,
+)
 from specdec.serving import ServiceConfig, SessionService
 from target_service.engine import TargetEngine, TargetSessionState
 
