@@ -408,25 +408,14 @@ def _joint_law(model, config: sampling.Config, prompt: list[int]) -> torch.Tenso
 async def _sample_many(address: str, config: sampling.Config, prompt: list[int], adaptive: bool = False,
                        in_flight: int = sampling.IN_FLIGHT):
     # adaptive: the controller chooses after each lookup how many of its tokens to verify
-    semaphore = asyncio.Semaphore(in_flight)
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-
-        async def one(seed: int):
-            request = pb.GenerateRequest(
-                prompt_token_ids=prompt, max_new_tokens=sampling.MAX_NEW_TOKENS,
-                sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
-                speculation=pb.SpeculationConfig(
-                    mode=pb.SPECULATION_MODE_ADAPTIVE if adaptive else pb.SPECULATION_MODE_FIXED,
-                    num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS))
-            async with semaphore:
-                tokens, last = [], None
-                async for response in stub.Generate(request, timeout=sampling.TIMEOUT):
-                    tokens.extend(response.token_ids)
-                    last = response
-            return tokens, last.stats
-
-        return await asyncio.gather(*(one(s) for s in range(config.first_seed, config.first_seed + config.num_samples)))
+    return await sampling.generate_all(address, [
+        pb.GenerateRequest(
+            prompt_token_ids=prompt, max_new_tokens=sampling.MAX_NEW_TOKENS,
+            sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
+            speculation=pb.SpeculationConfig(
+                mode=pb.SPECULATION_MODE_ADAPTIVE if adaptive else pb.SPECULATION_MODE_FIXED,
+                num_speculative_tokens=sampling.NUM_SPECULATIVE_TOKENS))
+        for seed in range(config.first_seed, config.first_seed + config.num_samples)], in_flight)
 
 
 @pytest.fixture(scope="module")

@@ -129,20 +129,14 @@ class Samples:
     pipeline_hits: int = 0
 
 
-async def _sample(address: str, config: Config) -> Samples:
-    """One Generate per seed, IN_FLIGHT at a time."""
-    semaphore = asyncio.Semaphore(IN_FLIGHT)
+async def generate_all(address: str, requests: list[pb.GenerateRequest], in_flight: int = IN_FLIGHT
+                       ) -> list[tuple[list[int], pb.GenerationStats]]:
+    """One Generate per request, in_flight at a time: each one's tokens and its last stats."""
+    semaphore = asyncio.Semaphore(in_flight)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
 
-        async def one(seed: int) -> tuple[list[int], pb.GenerationStats]:
-            request = pb.GenerateRequest(
-                prompt_token_ids=PROMPT, max_new_tokens=MAX_NEW_TOKENS,
-                sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
-                speculation=pb.SpeculationConfig(mode=config.speculation,
-                                                 num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
-                                                 pipeline=config.pipeline),
-            )
+        async def one(request: pb.GenerateRequest) -> tuple[list[int], pb.GenerationStats]:
             async with semaphore:
                 tokens, last = [], None
                 async for response in stub.Generate(request, timeout=TIMEOUT):
@@ -150,8 +144,20 @@ async def _sample(address: str, config: Config) -> Samples:
                     last = response
             return tokens, last.stats
 
-        results = await asyncio.gather(
-            *(one(seed) for seed in range(config.first_seed, config.first_seed + config.num_samples)))
+        return await asyncio.gather(*(one(request) for request in requests))
+
+
+async def _sample(address: str, config: Config) -> Samples:
+    """One Generate per seed, IN_FLIGHT at a time."""
+    results = await generate_all(address, [
+        pb.GenerateRequest(
+            prompt_token_ids=PROMPT, max_new_tokens=MAX_NEW_TOKENS,
+            sampling=common_pb2.SamplingParams(temperature=config.temperature, top_k=config.top_k, seed=seed),
+            speculation=pb.SpeculationConfig(mode=config.speculation,
+                                             num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+                                             pipeline=config.pipeline),
+        )
+        for seed in range(config.first_seed, config.first_seed + config.num_samples)])
     assert all(len(tokens) == MAX_NEW_TOKENS for tokens, _ in results)
     return Samples(
         tokens=torch.tensor([tokens[:NUM_TOKENS] for tokens, _ in results]),

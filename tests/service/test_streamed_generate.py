@@ -12,11 +12,9 @@ among those tokens)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 
@@ -26,7 +24,6 @@ from orchestrator.service import OrchestratorConfig
 from specdec.rpc.server import ServerConfig
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import orchestrator_pb2_grpc
 from tests import tiny_models
 from tests.process_groups import run_specdec
 from tests.service import test_sampling_services as sampling
@@ -139,25 +136,11 @@ def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sa
                                        sampling.Config(temperature=1.0, top_k=0, num_samples=0, first_seed=0))
     num_samples = 600
 
-    async def run() -> list[tuple[list[int], pb.GenerationStats]]:
-        semaphore = asyncio.Semaphore(sampling.IN_FLIGHT)
-        async with grpc.aio.insecure_channel(sampled_stack.address) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-
-            async def one(seed: int) -> tuple[list[int], pb.GenerationStats]:
-                request = _request(sampling.PROMPT, sampling.NUM_SPECULATIVE_TOKENS,
-                                   sampling_params=common_pb2.SamplingParams(temperature=1.0, seed=seed),
-                                   max_new_tokens=sampling.MAX_NEW_TOKENS)
-                async with semaphore:
-                    tokens, last = [], None
-                    async for response in stub.Generate(request, timeout=sampling.TIMEOUT):
-                        tokens.extend(response.token_ids)
-                        last = response
-                return tokens, last.stats
-
-            return await asyncio.gather(*(one(seed) for seed in range(50_000, 50_000 + num_samples)))
-
-    results = loop_thread.run(run())
+    results = loop_thread.run(sampling.generate_all(sampled_stack.address, [
+        _request(sampling.PROMPT, sampling.NUM_SPECULATIVE_TOKENS,
+                 sampling_params=common_pb2.SamplingParams(temperature=1.0, seed=seed),
+                 max_new_tokens=sampling.MAX_NEW_TOKENS)
+        for seed in range(50_000, 50_000 + num_samples)]))
     assert all(len(tokens) == sampling.MAX_NEW_TOKENS for tokens, _ in results)
     samples = torch.tensor([tokens[:sampling.NUM_TOKENS] for tokens, _ in results])
     p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(samples), law)
