@@ -91,7 +91,7 @@ PROMPT_SETS = ("pipeline", "benchmark", "grounded", "demo", "all")
 
 PIPELINE_MODES = {"off": pb.PIPELINE_MODE_OFF, "on": pb.PIPELINE_MODE_ON, "auto": pb.PIPELINE_MODE_AUTO,
                   "stream": pb.PIPELINE_MODE_STREAM, "": pb.PIPELINE_MODE_UNSPECIFIED}
-SCHEDULE = re.compile(r"^(off|adaptive|k=(\d+))(?:/(off|on|auto|stream))?$")
+SCHEDULE = re.compile(r"^(off|adaptive|k=(\d+))(?:/(off|on|auto|stream)(?::(\d+))?)?$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,13 +100,14 @@ SCHEDULE = re.compile(r"^(off|adaptive|k=(\d+))(?:/(off|on|auto|stream))?$")
 
 @dataclass(frozen=True)
 class Schedule:
-    """A request's speculation: off (target-only), adaptive or fixed K, and its pipelining mode
-    ('' leaves it to the server)."""
+    """A request's speculation: off (target-only), adaptive or fixed K, its pipelining mode
+    ('' leaves it to the server) and, where the name gives one (`k=2/stream:0`), its fan-out."""
 
     name: str
     mode: str  # off | adaptive | fixed
     k: int | None  # fixed K
     pipeline: str  # off | on | auto | stream | ''
+    fanout: int | None = None  # pipeline_fanout (None: --fanout, else the server's)
 
     @property
     def base(self) -> str:
@@ -121,25 +122,30 @@ class Schedule:
         if self.mode == "off":
             return "target-only"
         what = "adaptive" if self.mode == "adaptive" else f"K={self.k}"
-        return {"off": what, "on": f"{what} + pipelining", "auto": f"{what} + pipelining (auto)",
-                "stream": f"{what} + streamed", "": f"{what} (server's pipelining)"}[self.pipeline]
+        label = {"off": what, "on": f"{what} + pipelining", "auto": f"{what} + pipelining (auto)",
+                 "stream": f"{what} + streamed", "": f"{what} (server's pipelining)"}[self.pipeline]
+        return label if self.fanout is None else f"{label} (fan-out {self.fanout})"
 
 
 def parse_schedule(text: str) -> Schedule:
-    """off, adaptive or k=N, optionally /off, /on or /auto (the request's pipelining)."""
+    """off, adaptive or k=N, optionally /off, /on, /auto or /stream (the request's pipelining),
+    then optionally :F (its fan-out)."""
     match = SCHEDULE.match(text.strip().lower())
     if match is None:
-        raise ValueError(f"a schedule is off, adaptive or k=N, optionally followed by /off, /on or "
-                         f"/auto, got {text!r}")
+        raise ValueError(f"a schedule is off, adaptive or k=N, optionally followed by /off, /on, "
+                         f"/auto or /stream and :fan-out, got {text!r}")
     base, k, pipeline = match.group(1), match.group(2), match.group(3) or ""
+    fanout = None if match.group(4) is None else int(match.group(4))
     if base == OFF:
         if pipeline not in ("", "off"):
             raise ValueError(f"target-only does not pipeline: {text!r}")
         return Schedule(OFF, "off", None, "off")
     if k is not None and int(k) < 1:
         raise ValueError(f"fixed K must be >= 1, got {text!r}")
-    name = base + (f"/{pipeline}" if pipeline else "")
-    return Schedule(name, "adaptive" if k is None else "fixed", None if k is None else int(k), pipeline)
+    if fanout is not None and pipeline not in ("on", "auto", "stream"):
+        raise ValueError(f"a fan-out needs /on, /auto or /stream: {text!r}")
+    name = base + (f"/{pipeline}" if pipeline else "") + (f":{fanout}" if fanout is not None else "")
+    return Schedule(name, "adaptive" if k is None else "fixed", None if k is None else int(k), pipeline, fanout)
 
 
 def default_schedules(ks: tuple[int, ...]) -> str:
@@ -349,8 +355,9 @@ def speculation(schedule: Schedule, config: BenchConfig) -> pb.SpeculationConfig
     else:
         spec.mode = pb.SPECULATION_MODE_FIXED
         spec.num_speculative_tokens = schedule.k
-    if schedule.pipelined and config.fanout is not None:
-        spec.pipeline_fanout = config.fanout
+    fanout = schedule.fanout if schedule.fanout is not None else config.fanout
+    if (schedule.pipelined or schedule.pipeline == "stream") and fanout is not None:
+        spec.pipeline_fanout = fanout
     return spec
 
 
@@ -467,6 +474,7 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
         "offered_passes": stats.offered_passes,
         "offered_drafts": stats.offered_drafts,
         "offered_accepted": stats.offered_accepted,
+        "offered_branch_passes": stats.offered_branch_passes,
         "draft_seconds": stats.draft_seconds,
         "verify_seconds": stats.verify_seconds,
         "network_seconds": stats.network_seconds,
@@ -562,6 +570,7 @@ def pooled(runs: list[dict]) -> dict:
         "offered_accepted": offered_accepted,
         "offered_acceptance": ratio(offered_accepted, offered_drafts),
         "offered_passes": sum(r.get("offered_passes", 0) for r in runs),
+        "offered_branch_passes": sum(r.get("offered_branch_passes", 0) for r in runs),
         "mean_k": sum(ks) / len(ks) if ks else 0.0,
         "pipelined_rounds": pipelined,
         "pipelined_share": pipelined / rounds if rounds else 0.0,
@@ -617,6 +626,8 @@ def comparisons(rate: dict, config: BenchConfig) -> list[dict]:
         baselines = [f"{s.base}/off"] if s.pipelined or s.pipeline == "stream" else []
         if s.pipeline == "stream" and s.base != "adaptive":
             baselines.append("adaptive/off")
+        if s.pipeline == "stream" and s.fanout != 0:
+            baselines.append(f"{s.base}/stream:0")  # offers without branches
         for baseline in baselines:
             if baseline in names:
                 unpipelined = parse_schedule(baseline)
@@ -776,11 +787,22 @@ def render_cells(summary: dict, config: BenchConfig, markdown: bool) -> str:
                 rows.append([label, schedule.label, f"{rtt:g} ms", common.format_spread(c["tokens_per_second"]),
                              "" if schedule.name == OFF else common.format_spread(c["over_target_only"], 2),
                              num(c["tau"]), num(c["mean_k"], 1),
-                             f"{c['pipelined_share']:.0%}" if schedule.pipelined else "",
-                             num(c["hit_rate"]) if schedule.pipelined else "",
+                             *(_ahead_columns(c, schedule)),
                              num(c["mean_fanout"], 1) if schedule.pipelined else "", exact])
                 label = ""
     return common.format_table(headers, rows, markdown=markdown, left_columns=3)
+
+
+def _ahead_columns(cell: dict, schedule: Schedule) -> list[str]:
+    """'drafted ahead' and 'hit rate': of rounds (pipelined), or for streamed cells the share of
+    the target's passes that verified offered drafts and how many of those took a branch's."""
+    if schedule.pipelined:
+        return [f"{cell['pipelined_share']:.0%}", num(cell["hit_rate"])]
+    if schedule.pipeline == "stream":
+        passes = cell["rounds"] - cell["offered_accepted"]
+        share = cell["offered_passes"] / passes if passes > 0 else 0.0
+        return [f"{share:.0%} of passes offered", f"{cell['offered_branch_passes']} by a branch"]
+    return ["", ""]
 
 
 def render_ratios(summary: dict, config: BenchConfig, markdown: bool) -> str:

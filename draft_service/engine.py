@@ -8,9 +8,11 @@ costs no extra round trip: the draft reconciles on the call it gets anyway.
 Drafting ahead (pipelining): while the target verifies d1 .. dK, `branch` drafts the next round
 for likely outcomes "j accepted, then t", each on a fork of the cache (a copy of C + d1 .. dj),
 so the session's cache is never touched by a branch. The next Propose whose new committed tokens
-are d1 .. dj t takes that branch's fork as the session's cache: it holds C' + b1 .. b(K'-1), the
-very state a Propose of K' tokens after C' leaves, with the very drafts (a draft depends only on
-the committed prefix, the seed and its position). Any other Propose drops the branches.
+begin with d1 .. dj t takes that branch's fork as the session's cache: it holds C' + b1 .. b(K'-1),
+the very state a Propose of K' tokens after C' leaves, with the very drafts (a draft depends only
+on the committed prefix, the seed and its position); where C grew on by b1 .. bi (streamed
+offers' branches), the drafts after them are kept as after any proposal. Any other Propose drops
+the branches.
 """
 
 from __future__ import annotations
@@ -91,18 +93,24 @@ class DraftEngine:
         self, state: DraftSessionState, new_committed: list[int], num_speculative_tokens: int
     ) -> Job[Proposal]:
         state.committed.extend(new_committed)
-        branch = state.branches.get(tuple(new_committed))
+        followed = _branch_followed(state.branches, new_committed)
         state.branches = {}
-        if branch is not None and len(branch.drafted.token_ids) >= num_speculative_tokens:
-            # Drafted ahead while the target verified: the same drafts (they depend only on the
-            # committed prefix, the seed and the position), nothing to feed.
-            state.cache = branch.cache
-            state.last = branch.drafted.first(num_speculative_tokens)
-            return state.last.proposal(fed_tokens=0)
+        last, state.last = state.last, None
+        if followed is not None:
+            # C took the outcome a branch was drafted for (drafted ahead while the target verified,
+            # or beside a streamed offer): its cache and drafts are the session's now (the same
+            # drafts a Propose would draft: they depend only on the committed prefix, the seed and
+            # the position).
+            key, branch = followed
+            state.cache, last, new_committed = branch.cache, branch.drafted, new_committed[len(key):]
+            if not new_committed and len(last.token_ids) >= num_speculative_tokens:
+                state.last = last.first(num_speculative_tokens)
+                state.cache.truncate(len(state.committed) + num_speculative_tokens - 1)
+                return state.last.proposal(fed_tokens=0)
         committed = state.committed
         cache = state.cache
-        last, state.last = state.last, None
-        reused = _drafts_still_ahead(last, new_committed)
+        # (C exactly at a followed branch's outcome: all its drafts are still ahead)
+        reused = last if followed is not None and not new_committed else _drafts_still_ahead(last, new_committed)
         if reused is not None and len(cache) == len(committed) + len(reused.token_ids) - 1:
             # C grew by the last proposal's first drafts only (as it does under streamed
             # speculation): its other drafts are the ones a Propose would draft now (they depend
@@ -192,6 +200,15 @@ def bonus_candidates(logits: torch.Tensor, sampling: SamplingParams, round_start
     uniform = torch.tensor([round_uniform(sampling.seed, round_start)], dtype=torch.float64)
     coupled = int(sample_categorical(probs, uniform)[0])
     return [coupled, *(token for token in top if token != coupled)][:NUM_CANDIDATES]
+
+
+def _branch_followed(branches: dict[tuple[int, ...], Branch],
+                     new_committed: list[int]) -> tuple[tuple[int, ...], Branch] | None:
+    """The branch whose outcome new_committed starts with, and that outcome."""
+    for key, branch in branches.items():
+        if tuple(new_committed[:len(key)]) == key:
+            return key, branch
+    return None
 
 
 def _drafts_still_ahead(last: Drafted | None, new_committed: list[int]) -> Drafted | None:

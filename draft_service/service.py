@@ -71,22 +71,23 @@ class DraftService(SessionService[DraftSessionState]):
 
     async def speculate(
         self, handle: Handle, new_committed: list[int], num_speculative_tokens: int, fanout: int,
-        branch_num_speculative_tokens: int,
+        branch_num_speculative_tokens: int, branch_outcomes: int = 0,
     ) -> AsyncIterator[tuple[Handle, Proposal, Timing] | tuple[DraftedAhead, Timing]]:
         """Propose, then draft ahead: yields the Propose's answer, then the branches for the
         outcomes of the round it starts (none where the session moved on meanwhile)."""
-        check_branching(self, fanout, branch_num_speculative_tokens)
+        check_branching(self, fanout, branch_num_speculative_tokens, branch_outcomes)
         new_handle, proposal, timing = await self.propose(handle, new_committed, num_speculative_tokens)
         yield new_handle, proposal, timing
-        yield await self.draft_ahead(new_handle, fanout, branch_num_speculative_tokens)
+        yield await self.draft_ahead(new_handle, fanout, branch_num_speculative_tokens, branch_outcomes)
 
-    async def draft_ahead(self, handle: Handle, fanout: int,
-                          branch_num_speculative_tokens: int) -> tuple[DraftedAhead, Timing]:
-        """Branches for the outcomes of the proposal `handle` was answered with: for j = 0 .. K,
-        "j drafts accepted, then t", t among the draft's top `fanout` candidates there (d(j+1)
-        itself excluded: a rejected draft is never the correction; at the bonus position, sampled,
-        first the draft's draw coupled to the target's: bonus_candidates), each with up to
-        branch_num_speculative_tokens drafts. Their jobs are batched into the same passes."""
+    async def draft_ahead(self, handle: Handle, fanout: int, branch_num_speculative_tokens: int,
+                          branch_outcomes: int = 0) -> tuple[DraftedAhead, Timing]:
+        """Branches for the outcomes of the proposal `handle` was answered with: for j = 0 .. K
+        (j < branch_outcomes only, when that is > 0), "j drafts accepted, then t", t among the
+        draft's top `fanout` candidates there (d(j+1) itself excluded: a rejected draft is never
+        the correction; at the bonus position, sampled, first the draft's draw coupled to the
+        target's: bonus_candidates), each with up to branch_num_speculative_tokens drafts. Their
+        jobs are batched into the same passes."""
         started = time.perf_counter()
 
         def nothing() -> tuple[DraftedAhead, Timing]:
@@ -103,16 +104,19 @@ class DraftService(SessionService[DraftSessionState]):
             branch_num_speculative_tokens = min(branch_num_speculative_tokens, room)
             if branch_num_speculative_tokens < 1:
                 return nothing()
-            try:
-                bonus = await self.worker.run_job(lambda: self.engine.bonus_logits(state),
-                                                  on_behalf_of=handle.session_id)
-            except Overloaded:  # drafting ahead is an optimisation: never a reason to fail
-                return nothing()
-            bonus_cache, bonus_logits = bonus.value
             candidates = [[t for t in drafted.candidates[j] if t != drafted.token_ids[j]]
                           for j in range(num_speculative_tokens)]
-            candidates.append(bonus_candidates(bonus_logits, state.sampling, round_start=len(state.committed)))
-            outcomes = [(j, t) for j, tokens in enumerate(candidates) for t in tokens[:fanout]]
+            bonus = bonus_cache = None
+            if not 0 < branch_outcomes <= num_speculative_tokens:  # the bonus position is branched too
+                try:
+                    bonus = await self.worker.run_job(lambda: self.engine.bonus_logits(state),
+                                                      on_behalf_of=handle.session_id)
+                except Overloaded:  # drafting ahead is an optimisation: never a reason to fail
+                    return nothing()
+                bonus_cache, bonus_logits = bonus.value
+                candidates.append(bonus_candidates(bonus_logits, state.sampling, round_start=len(state.committed)))
+            outcomes = [(j, t) for j, tokens in enumerate(candidates)
+                        if not 0 < branch_outcomes <= j for t in tokens[:fanout]]
 
             def job(j: int, t: int):
                 parent = bonus_cache if j == num_speculative_tokens else state.cache
@@ -129,10 +133,14 @@ class DraftService(SessionService[DraftSessionState]):
                 raise failures[0]
             branches = [timed.value for timed in branched]
             state.branches = {(*drafted.token_ids[:b.num_accepted], b.next_token_id): b for b in branches}
-            compute = bonus.compute_seconds + max((t.compute_seconds for t in branched), default=0.0)
-            rows = [t.pass_rows for t in branched] or [bonus.pass_rows]
-            sessions = [t.pass_sessions for t in branched] or [bonus.pass_sessions]
-            timing = Timing(compute, bonus.queue_seconds, sum(rows) / len(rows), sum(sessions) / len(sessions))
+            passes = branched or ([bonus] if bonus is not None else [])  # the bonus pass only if alone
+            compute = (bonus.compute_seconds if bonus is not None else 0.0) + max(
+                (t.compute_seconds for t in branched), default=0.0)
+            rows = [t.pass_rows for t in passes] or [0.0]
+            sessions = [t.pass_sessions for t in passes] or [0.0]
+            first = bonus if bonus is not None else (branched[0] if branched else None)
+            timing = Timing(compute, first.queue_seconds if first is not None else 0.0,
+                            sum(rows) / len(rows), sum(sessions) / len(sessions))
             ahead = DraftedAhead(
                 tuple(BranchProposal(b.num_accepted, b.next_token_id, b.drafted.proposal(fed_tokens=0))
                       for b in branches),
@@ -140,8 +148,11 @@ class DraftService(SessionService[DraftSessionState]):
             return ahead, timing
 
 
-def check_branching(service: SessionService, fanout: int, branch_num_speculative_tokens: int) -> None:
+def check_branching(service: SessionService, fanout: int, branch_num_speculative_tokens: int,
+                    branch_outcomes: int = 0) -> None:
     """Checks a Speculate's drafting-ahead fields against the service's limits."""
+    if branch_outcomes < 0:
+        raise OutOfRange(f"branch_outcomes must be >= 0, got {branch_outcomes}")
     if not 1 <= fanout <= NUM_CANDIDATES:
         raise OutOfRange(f"fanout must be in [1, {NUM_CANDIDATES}], got {fanout}")
     limit = service.config.max_num_speculative_tokens

@@ -43,7 +43,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             yield draft_pb2.SpeculateResponse(branches=draft_pb2.Branches())
             return
         async for item in self.service.speculate(handle, new_committed, propose.num_speculative_tokens,
-                                                 request.fanout, request.branch_num_speculative_tokens):
+                                                 request.fanout, request.branch_num_speculative_tokens,
+                                                 request.branch_outcomes):
             if isinstance(item[0], DraftedAhead):
                 yield draft_pb2.SpeculateResponse(branches=_branches(*item))
             else:

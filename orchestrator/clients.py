@@ -246,7 +246,7 @@ class TargetClient(ReplicaClient):
                     timing = _timing(time.perf_counter() - started, response) if response.last else None
                     probabilities = tuple(response.token_probabilities)
                     offered = OfferTally(response.offered_passes, response.offered_drafts,
-                                         response.offered_accepted)
+                                         response.offered_accepted, response.offered_branch_passes)
                     yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing,
                                      probabilities if len(probabilities) == len(response.token_ids) else (),
                                      offered)
@@ -266,6 +266,11 @@ class TargetClient(ReplicaClient):
             session_id=session_id, start=offer.start, draft_token_ids=list(offer.proposal.token_ids),
             draft_distributions=[convert.distribution_to_proto(d) for d in offer.proposal.distributions],
             max_verified=offer.max_verified,
+            branches=[target_pb2.OfferedBranch(
+                num_accepted=b.num_accepted, next_token_id=b.next_token_id,
+                draft_token_ids=list(b.proposal.token_ids),
+                draft_distributions=[convert.distribution_to_proto(d) for d in b.proposal.distributions])
+                for b in offer.branches],
         )
         try:
             response = await self._stub.Offer(request, timeout=self.timeouts.step_seconds)
@@ -306,13 +311,15 @@ class DraftClient(ReplicaClient):
         return _proposal_reply(response, wall)
 
     def speculate(self, handle: Handle, new_committed_token_ids: Sequence[int], num_speculative_tokens: int,
-                  fanout: int, branch_num_speculative_tokens: int) -> SpeculateCall:
+                  fanout: int, branch_num_speculative_tokens: int, branch_outcomes: int = 0) -> SpeculateCall:
         """Starts a Speculate: a Propose whose second answer, the branches drafted ahead for the
-        outcomes of the round it starts, comes while the target verifies."""
+        outcomes of the round it starts (those j < branch_outcomes; 0: all), comes while the
+        target verifies."""
         request = draft_pb2.SpeculateRequest(
             propose=_propose_request(handle, new_committed_token_ids, num_speculative_tokens),
             fanout=fanout,
             branch_num_speculative_tokens=branch_num_speculative_tokens,
+            branch_outcomes=branch_outcomes,
         )
         return SpeculateCall(self.address, self._stub.Speculate(request, timeout=self.timeouts.step_seconds))
 

@@ -317,8 +317,13 @@ class Generation:
         alone), or when cancelled."""
         async def offer(drafted: DraftOffer) -> None:
             held, length = await self.replicas.offer(drafted)
-            if held:
+            if held and not drafted.branches:  # the same drafts' own offer measured it
                 streamed.observe_lag(length - drafted.start)
+
+        def send(drafted: DraftOffer) -> None:  # not waited for: the draft drafts on meanwhile
+            task = asyncio.create_task(offer(drafted))
+            sent.add(task)
+            task.add_done_callback(sent.discard)
 
         offered_from = -1
         sent: set[asyncio.Task[None]] = set()
@@ -342,14 +347,25 @@ class Generation:
                 if not self.replicas.has_draft:
                     return
                 drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
-                reply = await self.replicas.propose(start, drafts)
+                outcomes = streamed.branch_outcomes(drafts)
+                call: SpeculateCall | None = None
+                if outcomes:
+                    answer = await self.replicas.speculate(start, drafts, streamed.fanout, drafts - 1, outcomes)
+                    reply, call = answer if answer is not None else (None, None)
+                else:
+                    reply = await self.replicas.propose(start, drafts)
                 if reply is None:
                     return
-                # Not waited for: the draft drafts again from where C is now while it travels.
-                task = asyncio.create_task(offer(DraftOffer(len(start), reply.value, streamed.num_speculative_tokens)))
-                sent.add(task)
-                task.add_done_callback(sent.discard)
+                drafted = DraftOffer(len(start), reply.value, streamed.num_speculative_tokens)
+                send(drafted)
                 self.stats.offers += 1
+                if call is not None:  # the same drafts again with their branches, as soon as they come
+                    try:
+                        ahead = await self.replicas.branches(call)
+                    finally:
+                        call.cancel()
+                    if ahead is not None and ahead[0].branches:
+                        send(replace(drafted, branches=ahead[0].branches))
         finally:
             for task in list(sent):
                 task.cancel()
@@ -516,6 +532,7 @@ class Generation:
                 self.stats.offered_passes += offered.passes
                 self.stats.offered_drafts += offered.drafts
                 self.stats.offered_accepted += offered.accepted
+                self.stats.offered_branch_passes += offered.branch_passes
             self._decoded_in_call = decoded
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded

@@ -133,7 +133,7 @@ class SpecdecOptions(BaseModel):
     speculation: SpeculationMode | None = None  # off, fixed, adaptive, heuristic; None: the server's
     num_speculative_tokens: int | None = Field(default=None, ge=0)
     pipeline: PipelineMode | None = None  # drafting ahead: off, on, auto, stream; None: the server's
-    pipeline_fanout: int | None = Field(default=None, ge=1, le=MAX_PIPELINE_FANOUT)
+    pipeline_fanout: int | None = Field(default=None, ge=0, le=MAX_PIPELINE_FANOUT)
 
 
 # Parameters OpenAI defines that specdec does not implement: refused (400) unless they carry a
@@ -294,6 +294,7 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "offered_passes": stats.offered_passes,
         "offered_drafts": stats.offered_drafts,
         "offered_accepted": stats.offered_accepted,
+        "offered_branch_passes": stats.offered_branch_passes,
         "branches_drafted": stats.branches_drafted,
         "fanout_per_round": list(stats.fanout_per_round),
         "decode_calls": stats.decode_calls,

@@ -166,10 +166,14 @@ class StreamedDrafts:
     """Streamed speculation: no rounds; the target verifies at most num_speculative_tokens of the
     draft's offered tokens in each pass. An offer drafts that many beyond where the target is
     expected to be when it arrives: `lookahead` tokens past the C it was drafted from, the
-    smoothed number the target committed between an offer's drafting and its arrival."""
+    smoothed number the target committed between an offer's drafting and its arrival. Where
+    that is a token or more, the offer also carries branches: at each of those positions, the
+    draft's next `fanout` candidates with the drafts that follow each (the target may well have
+    committed one of them where the draft guessed wrong)."""
 
     num_speculative_tokens: int
     paces: StreamPaces = field(default_factory=StreamPaces)  # the orchestrator's, shared
+    fanout: int = 0
     lookahead: float = 1.0
     weight: float = 0.3  # of each new observation in the smoothed lookahead
 
@@ -182,6 +186,14 @@ class StreamedDrafts:
         """K past the expected lookahead (rounded up, a tenth of a token forgiven)."""
         return max(1, min(max_num_speculative_tokens,
                           self.num_speculative_tokens + max(0, math.ceil(self.lookahead - 0.1))))
+
+    def branch_outcomes(self, drafts_per_offer: int) -> int:
+        """The first positions of an offer of drafts_per_offer drafts to branch at: those the
+        target is expected to have committed when it arrives (the lookahead, to the nearest
+        token); 0: no branches."""
+        if self.fanout == 0:
+            return 0
+        return max(0, min(drafts_per_offer - 1, math.ceil(self.lookahead - 0.5)))
 
     def observe_lag(self, committed_meanwhile: int) -> None:
         """An offer drafted from a C of length n arrived at the target when it had n + committed_meanwhile."""

@@ -239,11 +239,14 @@ class SessionReplicas:
         return answer[0] if answer is not None else None
 
     async def speculate(self, committed: Sequence[int], num_speculative_tokens: int, fanout: int,
-                        branch_num_speculative_tokens: int) -> tuple[Reply[Proposal], SpeculateCall] | None:
-        """A Propose that also drafts ahead: the proposal, and the call whose branches() follow
-        while the target verifies; None if the draft is lost (as for propose)."""
+                        branch_num_speculative_tokens: int, branch_outcomes: int = 0,
+                        ) -> tuple[Reply[Proposal], SpeculateCall] | None:
+        """A Propose that also drafts ahead (the outcomes j < branch_outcomes; 0: all): the
+        proposal, and the call whose branches() follow while the target verifies; None if the
+        draft is lost (as for propose)."""
         async def call(client: DraftClient, handle: Handle, new: Sequence[int]) -> tuple[Reply[Proposal], SpeculateCall]:
-            started = client.speculate(handle, new, num_speculative_tokens, fanout, branch_num_speculative_tokens)
+            started = client.speculate(handle, new, num_speculative_tokens, fanout, branch_num_speculative_tokens,
+                                       branch_outcomes)
             try:
                 return await started.proposal(), started
             except BaseException:

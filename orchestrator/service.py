@@ -79,7 +79,9 @@ class OrchestratorConfig:
     lookup: LookupConfig = field(default_factory=LookupConfig)  # the model-free drafts
     # Drafting ahead while the target verifies, for requests that leave it unset: off, on, auto.
     pipeline: PipelineMode = "off"
-    pipeline_fanout: int = DEFAULT_PIPELINE_FANOUT  # candidates per outcome (on); the maximum (auto)
+    # Candidates per outcome (on); the maximum (auto); per position C passes before an offer
+    # arrives (stream). 0: nothing drafted ahead (on, auto), offers without branches (stream).
+    pipeline_fanout: int = DEFAULT_PIPELINE_FANOUT
 
     def __post_init__(self) -> None:
         draft_method_of(self.draft, self.draft_method)  # raises ValueError on a bad pair
@@ -93,8 +95,8 @@ class OrchestratorConfig:
             raise ValueError("default_max_new_tokens must be >= 1")
         if self.pipeline not in PIPELINE_MODES:
             raise ValueError(f"pipeline must be one of {PIPELINE_MODES}, got {self.pipeline!r}")
-        if not 1 <= self.pipeline_fanout <= MAX_PIPELINE_FANOUT:
-            raise ValueError(f"pipeline_fanout must be in [1, {MAX_PIPELINE_FANOUT}]")
+        if not 0 <= self.pipeline_fanout <= MAX_PIPELINE_FANOUT:
+            raise ValueError(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}]")
 
 
 @dataclass(frozen=True)
@@ -271,14 +273,16 @@ class OrchestratorService:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""
         mode = speculation.pipeline or self.config.pipeline
         fanout = self.config.pipeline_fanout if speculation.pipeline_fanout is None else speculation.pipeline_fanout
-        if not 1 <= fanout <= MAX_PIPELINE_FANOUT:
-            raise OutOfRange(f"pipeline_fanout must be in [1, {MAX_PIPELINE_FANOUT}], got {fanout}")
+        if not 0 <= fanout <= MAX_PIPELINE_FANOUT:
+            raise OutOfRange(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}], got {fanout}")
         if mode == "off" or self.draft_method != "model":
             return NoPipeline()  # a lookup answers at once: nothing to draft ahead of
         if mode == "stream":
             # The target verifies up to K offered drafts a pass: fixed K's, else the server's K.
             depth = policy.num_speculative_tokens if isinstance(policy, FixedK) else self.config.num_speculative_tokens
-            return StreamedDrafts(depth, self.stream_paces) if depth > 0 else NoPipeline()
+            return StreamedDrafts(depth, self.stream_paces, fanout=fanout) if depth > 0 else NoPipeline()
+        if fanout == 0:
+            return NoPipeline()
         if mode == "auto" and isinstance(policy, AdaptiveKController):
             return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)

@@ -141,6 +141,7 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         offered_passes=stats.offered_passes,
         offered_drafts=stats.offered_drafts,
         offered_accepted=stats.offered_accepted,
+        offered_branch_passes=stats.offered_branch_passes,
         pipeline_misses=stats.pipeline_misses,
         branches_drafted=stats.branches_drafted,
         fanout_per_round=stats.fanout_per_round,

@@ -51,11 +51,13 @@ class GenerationStats:
     decode_calls: int = 0  # target calls that decoded several K = 0 rounds at once
     decoded_tokens: int = 0  # tokens those calls committed (each a K = 0 round)
     # Streamed speculation: offers of drafts sent to the target's Decode, the passes that verified
-    # offered drafts, the drafts they verified and those accepted.
+    # offered drafts, the drafts they verified and those accepted; of those passes, the ones that
+    # verified a branch's drafts.
     offers: int = 0
     offered_passes: int = 0
     offered_drafts: int = 0
     offered_accepted: int = 0
+    offered_branch_passes: int = 0
     shadow_probes: int = 0  # probes run beside a stretch of K = 0 rounds instead of as rounds
     observer: StatsObserver | None = field(default=None, repr=False, compare=False)
 

@@ -133,6 +133,8 @@ class Telemetry:
                                       "Target passes of streamed requests that verified offered drafts")
         self.offered_drafts = counter("specdec:offered_drafts", "Offered drafts verified by the target")
         self.offered_accepted = counter("specdec:offered_accepted", "Offered drafts the target accepted")
+        self.offered_branch_passes = counter("specdec:offered_branch_passes",
+                                             "Target passes that verified the drafts of an offer's branch")
         # The orchestrator HPA's Pods metric, under the model services' name and labels.
         self.active_sessions = Gauge("specdec_active_sessions", "Generate streams in flight",
                                      ["role", "replica_id"], registry=registry).labels(
@@ -158,7 +160,7 @@ class Telemetry:
                        self.num_requests_running, self.num_speculative_tokens, self.re_prefills,
                        self.draft_unavailable_rounds, self.pipelined_rounds, self.pipeline_hits,
                        self.pipeline_misses, self.branches_drafted, self.offered_passes,
-                       self.offered_drafts, self.offered_accepted):
+                       self.offered_drafts, self.offered_accepted, self.offered_branch_passes):
             family.labels(model_name)
         self._position(0)
 
@@ -283,6 +285,7 @@ class RequestTelemetry:
         t.offered_passes.labels(model).inc(stats.offered_passes)
         t.offered_drafts.labels(model).inc(stats.offered_drafts)
         t.offered_accepted.labels(model).inc(stats.offered_accepted)
+        t.offered_branch_passes.labels(model).inc(stats.offered_branch_passes)
         if last is not None and finish not in ("abort", "error"):
             t.e2e_request_latency.labels(model).observe(last - self.arrived)
             if first_token is not None and stats.generated_tokens > 1:

@@ -19,6 +19,7 @@ PROTOCOL_VERSION = "specdec.v1"
 MAX_DRAFT_TOP_M = 64  # largest q~ a draft may send (entries)
 MAX_DECODE_STEPS = 64  # most tokens one Decode call may decode
 MAX_OFFER_TOKENS = 2 * MAX_DECODE_STEPS  # most drafts one Offer may hold
+MAX_OFFER_BRANCHES = 64  # most branches one Offer may hold, each with at most MAX_OFFER_TOKENS
 MIN_TEMPERATURE = 1e-6  # below this (and above 0) logits / temperature can overflow to NaN
 
 Value = TypeVar("Value")
@@ -94,35 +95,54 @@ class Proposal:
 class DraftOffer:
     """Drafts offered to a session while it decodes (the target's Offer): proposal.token_ids[i] is
     the draft's token for C's position start + i. A pass verifies, of the drafts after the
-    session's current length, at most max_verified, if the ones before match C there."""
+    session's current length, at most max_verified, if the ones before match C there. Each branch
+    holds the drafts after one way C may leave them ("num_accepted of them, then next_token_id"),
+    used once C holds that next_token_id (a branch's next_token_id is a guess at the target's
+    token, not a draw: never verified as a draft)."""
 
     start: int
     proposal: Proposal
     max_verified: int
+    branches: tuple[BranchProposal, ...] = ()
 
-    def drafts_after(self, committed: Sequence[int], committed_from: int, length: int) -> Proposal:
+    def drafts_after(self, committed: Sequence[int], committed_from: int,
+                     length: int) -> tuple[Proposal, bool]:
         """The drafts this offer holds for positions length, length + 1, ... (at most
-        max_verified), given C's tokens from position committed_from up to length (committed);
-        none when the offer's drafts before length differ from them or reach back before
-        committed_from, or when it holds nothing past length."""
+        max_verified), given C's tokens from position committed_from up to length (committed),
+        and whether they are a branch's: the proposal's, or those of the branch C has followed;
+        none when C left them all, when the offer reaches back before committed_from, or when it
+        holds nothing past length."""
+        none = Proposal(token_ids=()), False
         skip = length - self.start
-        if self.start < committed_from or skip < 0 or skip >= len(self.proposal.token_ids):
-            return Proposal(token_ids=())
-        known = committed[self.start - committed_from:]
-        if tuple(known) != self.proposal.token_ids[:skip]:
-            return Proposal(token_ids=())
-        end = skip + self.max_verified
-        return Proposal(self.proposal.token_ids[skip:end], self.proposal.distributions[skip:end])
+        if self.start < committed_from or skip < 0:
+            return none
+        known = tuple(committed[self.start - committed_from:])
+        main = self.proposal.token_ids
+        if skip < len(main) and known == main[:skip]:
+            return _after(self.proposal, skip, self.max_verified), False
+        for branch in self.branches:
+            fixed = branch.num_accepted + 1  # the proposal's first num_accepted, then next_token_id
+            if (fixed <= skip < fixed + branch.proposal.num_speculative_tokens
+                    and known[:fixed] == (*main[:branch.num_accepted], branch.next_token_id)
+                    and known[fixed:] == branch.proposal.token_ids[:skip - fixed]):
+                return _after(branch.proposal, skip - fixed, self.max_verified), True
+        return none
+
+
+def _after(proposal: Proposal, skip: int, count: int) -> Proposal:
+    end = skip + count
+    return Proposal(proposal.token_ids[skip:end], proposal.distributions[skip:end])
 
 
 @dataclass
 class OfferTally:
-    """What a Decode did with the drafts offered to it: passes that verified some, how many they
-    verified, how many of those were accepted."""
+    """What a Decode did with the drafts offered to it: passes that verified some (of those, passes
+    that verified a branch's), how many they verified, how many of those were accepted."""
 
     passes: int = 0
     drafts: int = 0
     accepted: int = 0
+    branch_passes: int = 0
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,9 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
                              "verifies up to K of the draft's offered drafts in each pass)")
     parser.add_argument("--pipeline-fanout", type=int,
                         default=default_of(OrchestratorConfig, "pipeline_fanout"),
-                        help="the draft's candidates per outcome to draft ahead for (on); the maximum (auto)")
+                        help="the draft's candidates per outcome to draft ahead for (on); the maximum (auto); "
+                             "per position C passes before an offer arrives (stream); 0 drafts nothing "
+                             "ahead (on, auto) and offers no branches (stream)")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -140,16 +140,18 @@ class TargetEngine:
         known = [state.last_token_id]
         while len(tokens) < max_tokens and state.committed_length < self.loaded.max_context and not stopped():
             room = min(max_tokens - len(tokens), self.loaded.max_context - state.committed_length) - 1
-            proposal = _NO_DRAFTS
+            proposal, from_branch = _NO_DRAFTS, False
             offer = offered() if room > 0 else None
             if offer is not None:
-                proposal = offer.drafts_after(known, committed_from, state.committed_length).first(room)
+                proposal, from_branch = offer.drafts_after(known, committed_from, state.committed_length)
+                proposal = proposal.first(room)
             outcome, target_probs = yield from self._verify(state, proposal)
             round_ids = [*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id]
             if proposal.token_ids and tally is not None:
                 tally.passes += 1
                 tally.drafts += len(proposal.token_ids)
                 tally.accepted += outcome.num_accepted
+                tally.branch_passes += from_branch
             probability = None
             if target_probs is not None and not proposal.token_ids:  # a round without drafts draws its token from p
                 probability = float(target_probs[0, round_ids[0]] / target_probs[0].sum())

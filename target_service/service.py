@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from specdec.errors import InvalidInput, OutOfRange
 from specdec.models import LoadedModel, tokenizer_files
 from specdec.ragged import Job
 from specdec.protocol import (
+    MAX_OFFER_BRANCHES,
     MAX_OFFER_TOKENS,
     DecodedToken,
     DraftOffer,
@@ -16,6 +18,7 @@ from specdec.protocol import (
     SamplingParams,
     Timing,
     VerifyOutcome,
+    check_token_ids,
 )
 from specdec.serving import ServiceConfig, SessionService
 from target_service.engine import TargetEngine, TargetSessionState
@@ -80,13 +83,24 @@ class TargetService(SessionService[TargetSessionState]):
         if session is None or session_id not in self._offers:
             return False, 0
         self.engine.validate_proposal(offer.proposal, session.state.sampling, limit=MAX_OFFER_TOKENS)
+        self._validate_branches(offer, session.state.sampling)
         limit = self.engine.max_num_speculative_tokens
         if offer.max_verified:
             limit = min(limit, offer.max_verified)
         held = self._offers.get(session_id)
         if held is None or offer.start >= held.start:  # one drafted from an older C came late
-            self._offers[session_id] = DraftOffer(offer.start, offer.proposal, limit)
+            self._offers[session_id] = DraftOffer(offer.start, offer.proposal, limit, offer.branches)
         return True, session.state.committed_length
+
+    def _validate_branches(self, offer: DraftOffer, sampling: SamplingParams) -> None:
+        if len(offer.branches) > MAX_OFFER_BRANCHES:
+            raise OutOfRange(f"{len(offer.branches)} branches exceed the most an offer holds, {MAX_OFFER_BRANCHES}")
+        for branch in offer.branches:
+            if branch.num_accepted >= offer.proposal.num_speculative_tokens:
+                raise InvalidInput(f"a branch after {branch.num_accepted} of the offer's "
+                                   f"{offer.proposal.num_speculative_tokens} drafts leaves none of them")
+            check_token_ids([branch.next_token_id], self.loaded.vocab_size, "next_token_id")
+            self.engine.validate_proposal(branch.proposal, sampling, limit=MAX_OFFER_TOKENS)
 
     def tokenizer_files(self) -> list[tuple[str, bytes]]:
         return self._tokenizer_files

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x83\x01\n\x13\x44raftPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x17\n\x0f\x63\x61\x63he_partition\x18\x04 \x01(\t\"\x9b\x01\n\x14\x44raftPrefillResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x63ompute_seconds\x18\x02 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x03 \x01(\x01\x12\x11\n\tpass_rows\x18\x04 \x01(\x01\x12\x15\n\rpass_sessions\x18\x05 \x01(\x01\"|\n\x0eProposeRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x1f\n\x17new_committed_token_ids\x18\x02 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\x05\"\x97\x02\n\x0fProposeResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12\x12\n\nfed_tokens\x18\x06 \x01(\x05\x12\x11\n\tpass_rows\x18\x07 \x01(\x01\x12\x15\n\rpass_sessions\x18\x08 \x01(\x01\x12\x15\n\rmatch_lengths\x18\t \x03(\x05\"v\n\x10SpeculateRequest\x12+\n\x07propose\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.ProposeRequest\x12\x0e\n\x06\x66\x61nout\x18\x02 \x01(\x05\x12%\n\x1d\x62ranch_num_speculative_tokens\x18\x03 \x01(\x05\"\x8b\x01\n\x06\x42ranch\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\"\x1f\n\nCandidates\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xb6\x01\n\x08\x42ranches\x12$\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x12.specdec.v1.Branch\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.specdec.v1.Candidates\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x04 \x01(\x01\x12\x11\n\tpass_rows\x18\x05 \x01(\x01\x12\x15\n\rpass_sessions\x18\x06 \x01(\x01\"y\n\x11SpeculateResponse\x12/\n\x08proposal\x18\x01 \x01(\x0b\x32\x1b.specdec.v1.ProposeResponseH\x00\x12(\n\x08\x62ranches\x18\x02 \x01(\x0b\x32\x14.specdec.v1.BranchesH\x00\x42\t\n\x07message2\xeb\x02\n\x0c\x44raftService\x12L\n\x07Prefill\x12\x1f.specdec.v1.DraftPrefillRequest\x1a .specdec.v1.DraftPrefillResponse\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12J\n\tSpeculate\x12\x1c.specdec.v1.SpeculateRequest\x1a\x1d.specdec.v1.SpeculateResponse0\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x83\x01\n\x13\x44raftPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x17\n\x0f\x63\x61\x63he_partition\x18\x04 \x01(\t\"\x9b\x01\n\x14\x44raftPrefillResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x63ompute_seconds\x18\x02 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x03 \x01(\x01\x12\x11\n\tpass_rows\x18\x04 \x01(\x01\x12\x15\n\rpass_sessions\x18\x05 \x01(\x01\"|\n\x0eProposeRequest\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x1f\n\x17new_committed_token_ids\x18\x02 \x03(\x05\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\x05\"\x97\x02\n\x0fProposeResponse\x12)\n\x06handle\x18\x01 \x01(\x0b\x32\x19.specdec.v1.SessionHandle\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12\x17\n\x0f\x63ompute_seconds\x18\x04 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12\x12\n\nfed_tokens\x18\x06 \x01(\x05\x12\x11\n\tpass_rows\x18\x07 \x01(\x01\x12\x15\n\rpass_sessions\x18\x08 \x01(\x01\x12\x15\n\rmatch_lengths\x18\t \x03(\x05\"\x8f\x01\n\x10SpeculateRequest\x12+\n\x07propose\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.ProposeRequest\x12\x0e\n\x06\x66\x61nout\x18\x02 \x01(\x05\x12%\n\x1d\x62ranch_num_speculative_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x62ranch_outcomes\x18\x04 \x01(\x05\"\x8b\x01\n\x06\x42ranch\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12;\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\"\x1f\n\nCandidates\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xb6\x01\n\x08\x42ranches\x12$\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x12.specdec.v1.Branch\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.specdec.v1.Candidates\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x04 \x01(\x01\x12\x11\n\tpass_rows\x18\x05 \x01(\x01\x12\x15\n\rpass_sessions\x18\x06 \x01(\x01\"y\n\x11SpeculateResponse\x12/\n\x08proposal\x18\x01 \x01(\x0b\x32\x1b.specdec.v1.ProposeResponseH\x00\x12(\n\x08\x62ranches\x18\x02 \x01(\x0b\x32\x14.specdec.v1.BranchesH\x00\x42\t\n\x07message2\xeb\x02\n\x0c\x44raftService\x12L\n\x07Prefill\x12\x1f.specdec.v1.DraftPrefillRequest\x1a .specdec.v1.DraftPrefillResponse\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12J\n\tSpeculate\x12\x1c.specdec.v1.SpeculateRequest\x1a\x1d.specdec.v1.SpeculateResponse0\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,16 +40,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROPOSEREQUEST']._serialized_end=479
   _globals['_PROPOSERESPONSE']._serialized_start=482
   _globals['_PROPOSERESPONSE']._serialized_end=761
-  _globals['_SPECULATEREQUEST']._serialized_start=763
-  _globals['_SPECULATEREQUEST']._serialized_end=881
-  _globals['_BRANCH']._serialized_start=884
-  _globals['_BRANCH']._serialized_end=1023
-  _globals['_CANDIDATES']._serialized_start=1025
-  _globals['_CANDIDATES']._serialized_end=1056
-  _globals['_BRANCHES']._serialized_start=1059
-  _globals['_BRANCHES']._serialized_end=1241
-  _globals['_SPECULATERESPONSE']._serialized_start=1243
-  _globals['_SPECULATERESPONSE']._serialized_end=1364
-  _globals['_DRAFTSERVICE']._serialized_start=1367
-  _globals['_DRAFTSERVICE']._serialized_end=1730
+  _globals['_SPECULATEREQUEST']._serialized_start=764
+  _globals['_SPECULATEREQUEST']._serialized_end=907
+  _globals['_BRANCH']._serialized_start=910
+  _globals['_BRANCH']._serialized_end=1049
+  _globals['_CANDIDATES']._serialized_start=1051
+  _globals['_CANDIDATES']._serialized_end=1082
+  _globals['_BRANCHES']._serialized_start=1085
+  _globals['_BRANCHES']._serialized_end=1267
+  _globals['_SPECULATERESPONSE']._serialized_start=1269
+  _globals['_SPECULATERESPONSE']._serialized_end=1390
+  _globals['_DRAFTSERVICE']._serialized_start=1393
+  _globals['_DRAFTSERVICE']._serialized_end=1756
 # @@protoc_insertion_point(module_scope)

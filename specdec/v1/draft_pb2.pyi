@@ -66,14 +66,16 @@ class ProposeResponse(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., fed_tokens: _Optional[int] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., match_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SpeculateRequest(_message.Message):
-    __slots__ = ("propose", "fanout", "branch_num_speculative_tokens")
+    __slots__ = ("propose", "fanout", "branch_num_speculative_tokens", "branch_outcomes")
     PROPOSE_FIELD_NUMBER: _ClassVar[int]
     FANOUT_FIELD_NUMBER: _ClassVar[int]
     BRANCH_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     propose: ProposeRequest
     fanout: int
     branch_num_speculative_tokens: int
-    def __init__(self, propose: _Optional[_Union[ProposeRequest, _Mapping]] = ..., fanout: _Optional[int] = ..., branch_num_speculative_tokens: _Optional[int] = ...) -> None: ...
+    branch_outcomes: int
+    def __init__(self, propose: _Optional[_Union[ProposeRequest, _Mapping]] = ..., fanout: _Optional[int] = ..., branch_num_speculative_tokens: _Optional[int] = ..., branch_outcomes: _Optional[int] = ...) -> None: ...
 
 class Branch(_message.Message):
     __slots__ = ("num_accepted", "next_token_id", "draft_token_ids", "draft_distributions")

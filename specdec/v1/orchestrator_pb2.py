@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecdec/v1/orchestrator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xdc\x01\n\x11SpeculationConfig\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.specdec.v1.SpeculationMode\x12#\n\x16num_speculative_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12*\n\x08pipeline\x18\x03 \x01(\x0e\x32\x18.specdec.v1.PipelineMode\x12\x1c\n\x0fpipeline_fanout\x18\x04 \x01(\x05H\x01\x88\x01\x01\x42\x19\n\x17_num_speculative_tokensB\x12\n\x10_pipeline_fanout\"\x86\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x32\n\x0bspeculation\x18\x07 \x01(\x0b\x32\x1d.specdec.v1.SpeculationConfigB\x11\n\x0f_max_new_tokens\"\xe8\t\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x05\x12\x1c\n\x14mean_accepted_length\x18\x06 \x01(\x01\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x07 \x01(\x01\x12(\n num_speculative_tokens_per_round\x18\x08 \x03(\x05\x12\x19\n\x11tokens_per_second\x18\t \x01(\x01\x12\x14\n\x0cwall_seconds\x18\n \x01(\x01\x12#\n\x1btime_to_first_token_seconds\x18\x0b \x01(\x01\x12\x15\n\rdraft_seconds\x18\x0c \x01(\x01\x12\x16\n\x0everify_seconds\x18\r \x01(\x01\x12\x17\n\x0fnetwork_seconds\x18\x0e \x01(\x01\x12\x13\n\x0bre_prefills\x18\x0f \x01(\x05\x12 \n\x18\x64raft_unavailable_rounds\x18\x10 \x01(\x05\x12\x16\n\x0etarget_replica\x18\x11 \x01(\t\x12\x15\n\rdraft_replica\x18\x12 \x01(\t\x12R\n\x14\x63ontroller_estimates\x18\x13 \x03(\x0b\x32\x34.specdec.v1.GenerationStats.ControllerEstimatesEntry\x12\x1e\n\x16num_accepted_per_round\x18\x14 \x03(\x05\x12X\n\x18\x64rafted_tokens_by_method\x18\x15 \x03(\x0b\x32\x36.specdec.v1.GenerationStats.DraftedTokensByMethodEntry\x12Z\n\x19\x61\x63\x63\x65pted_tokens_by_method\x18\x16 \x03(\x0b\x32\x37.specdec.v1.GenerationStats.AcceptedTokensByMethodEntry\x12\x18\n\x10pipelined_rounds\x18\x17 \x01(\x05\x12\x15\n\rpipeline_hits\x18\x18 \x01(\x05\x12\x17\n\x0fpipeline_misses\x18\x19 \x01(\x05\x12\x18\n\x10\x62ranches_drafted\x18\x1a \x01(\x05\x12\x18\n\x10\x66\x61nout_per_round\x18\x1b \x03(\x05\x12\x14\n\x0c\x64\x65\x63ode_calls\x18\x1c \x01(\x05\x12\x16\n\x0e\x64\x65\x63oded_tokens\x18\x1d \x01(\x05\x12\x15\n\rshadow_probes\x18\x1e \x01(\x05\x12\x0e\n\x06offers\x18\x1f \x01(\x05\x12\x16\n\x0eoffered_passes\x18  \x01(\x05\x12\x16\n\x0eoffered_drafts\x18! \x01(\x05\x12\x18\n\x10offered_accepted\x18\" \x01(\x05\x1a:\n\x18\x43ontrollerEstimatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a<\n\x1a\x44raftedTokensByMethodEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a=\n\x1b\x41\x63\x63\x65ptedTokensByMethodEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x90\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12*\n\x05stats\x18\x03 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\"\x0e\n\x0cPoolsRequest\"\x91\x01\n\rReplicaStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\taccepting\x18\x04 \x01(\x08\x12\x17\n\x0f\x61\x63tive_sessions\x18\x05 \x01(\x05\x12\x0c\n\x04load\x18\x06 \x01(\x01\x12\x10\n\x08model_id\x18\x07 \x01(\t\"W\n\nPoolStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12+\n\x08replicas\x18\x03 \x03(\x0b\x32\x19.specdec.v1.ReplicaStatus\"6\n\rPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.specdec.v1.PoolStatus*\xa8\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x01\x12\x1a\n\x16SPECULATION_MODE_FIXED\x10\x02\x12\x1d\n\x19SPECULATION_MODE_ADAPTIVE\x10\x03\x12\x1e\n\x1aSPECULATION_MODE_HEURISTIC\x10\x04*\x8c\x01\n\x0cPipelineMode\x12\x1d\n\x19PIPELINE_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11PIPELINE_MODE_OFF\x10\x01\x12\x14\n\x10PIPELINE_MODE_ON\x10\x02\x12\x16\n\x12PIPELINE_MODE_AUTO\x10\x03\x12\x18\n\x14PIPELINE_MODE_STREAM\x10\x04*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x19\n\x15\x46INISH_REASON_CONTEXT\x10\x04\x32\x95\x01\n\x0cOrchestrator\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12<\n\x05Pools\x12\x18.specdec.v1.PoolsRequest\x1a\x19.specdec.v1.PoolsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecdec/v1/orchestrator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xdc\x01\n\x11SpeculationConfig\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x1b.specdec.v1.SpeculationMode\x12#\n\x16num_speculative_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12*\n\x08pipeline\x18\x03 \x01(\x0e\x32\x18.specdec.v1.PipelineMode\x12\x1c\n\x0fpipeline_fanout\x18\x04 \x01(\x05H\x01\x88\x01\x01\x42\x19\n\x17_num_speculative_tokensB\x12\n\x10_pipeline_fanout\"\x86\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x32\n\x0bspeculation\x18\x07 \x01(\x0b\x32\x1d.specdec.v1.SpeculationConfigB\x11\n\x0f_max_new_tokens\"\x87\n\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x05\x12\x1c\n\x14mean_accepted_length\x18\x06 \x01(\x01\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x07 \x01(\x01\x12(\n num_speculative_tokens_per_round\x18\x08 \x03(\x05\x12\x19\n\x11tokens_per_second\x18\t \x01(\x01\x12\x14\n\x0cwall_seconds\x18\n \x01(\x01\x12#\n\x1btime_to_first_token_seconds\x18\x0b \x01(\x01\x12\x15\n\rdraft_seconds\x18\x0c \x01(\x01\x12\x16\n\x0everify_seconds\x18\r \x01(\x01\x12\x17\n\x0fnetwork_seconds\x18\x0e \x01(\x01\x12\x13\n\x0bre_prefills\x18\x0f \x01(\x05\x12 \n\x18\x64raft_unavailable_rounds\x18\x10 \x01(\x05\x12\x16\n\x0etarget_replica\x18\x11 \x01(\t\x12\x15\n\rdraft_replica\x18\x12 \x01(\t\x12R\n\x14\x63ontroller_estimates\x18\x13 \x03(\x0b\x32\x34.specdec.v1.GenerationStats.ControllerEstimatesEntry\x12\x1e\n\x16num_accepted_per_round\x18\x14 \x03(\x05\x12X\n\x18\x64rafted_tokens_by_method\x18\x15 \x03(\x0b\x32\x36.specdec.v1.GenerationStats.DraftedTokensByMethodEntry\x12Z\n\x19\x61\x63\x63\x65pted_tokens_by_method\x18\x16 \x03(\x0b\x32\x37.specdec.v1.GenerationStats.AcceptedTokensByMethodEntry\x12\x18\n\x10pipelined_rounds\x18\x17 \x01(\x05\x12\x15\n\rpipeline_hits\x18\x18 \x01(\x05\x12\x17\n\x0fpipeline_misses\x18\x19 \x01(\x05\x12\x18\n\x10\x62ranches_drafted\x18\x1a \x01(\x05\x12\x18\n\x10\x66\x61nout_per_round\x18\x1b \x03(\x05\x12\x14\n\x0c\x64\x65\x63ode_calls\x18\x1c \x01(\x05\x12\x16\n\x0e\x64\x65\x63oded_tokens\x18\x1d \x01(\x05\x12\x15\n\rshadow_probes\x18\x1e \x01(\x05\x12\x0e\n\x06offers\x18\x1f \x01(\x05\x12\x16\n\x0eoffered_passes\x18  \x01(\x05\x12\x16\n\x0eoffered_drafts\x18! \x01(\x05\x12\x18\n\x10offered_accepted\x18\" \x01(\x05\x12\x1d\n\x15offered_branch_passes\x18# \x01(\x05\x1a:\n\x18\x43ontrollerEstimatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a<\n\x1a\x44raftedTokensByMethodEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a=\n\x1b\x41\x63\x63\x65ptedTokensByMethodEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x90\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12*\n\x05stats\x18\x03 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\"\x0e\n\x0cPoolsRequest\"\x91\x01\n\rReplicaStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\taccepting\x18\x04 \x01(\x08\x12\x17\n\x0f\x61\x63tive_sessions\x18\x05 \x01(\x05\x12\x0c\n\x04load\x18\x06 \x01(\x01\x12\x10\n\x08model_id\x18\x07 \x01(\t\"W\n\nPoolStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12+\n\x08replicas\x18\x03 \x03(\x0b\x32\x19.specdec.v1.ReplicaStatus\"6\n\rPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.specdec.v1.PoolStatus*\xa8\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x01\x12\x1a\n\x16SPECULATION_MODE_FIXED\x10\x02\x12\x1d\n\x19SPECULATION_MODE_ADAPTIVE\x10\x03\x12\x1e\n\x1aSPECULATION_MODE_HEURISTIC\x10\x04*\x8c\x01\n\x0cPipelineMode\x12\x1d\n\x19PIPELINE_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11PIPELINE_MODE_OFF\x10\x01\x12\x14\n\x10PIPELINE_MODE_ON\x10\x02\x12\x16\n\x12PIPELINE_MODE_AUTO\x10\x03\x12\x18\n\x14PIPELINE_MODE_STREAM\x10\x04*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x19\n\x15\x46INISH_REASON_CONTEXT\x10\x04\x32\x95\x01\n\x0cOrchestrator\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12<\n\x05Pools\x12\x18.specdec.v1.PoolsRequest\x1a\x19.specdec.v1.PoolsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,12 +38,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATIONSTATS_DRAFTEDTOKENSBYMETHODENTRY']._serialized_options = b'8\001'
   _globals['_GENERATIONSTATS_ACCEPTEDTOKENSBYMETHODENTRY']._loaded_options = None
   _globals['_GENERATIONSTATS_ACCEPTEDTOKENSBYMETHODENTRY']._serialized_options = b'8\001'
-  _globals['_SPECULATIONMODE']._serialized_start=2320
-  _globals['_SPECULATIONMODE']._serialized_end=2488
-  _globals['_PIPELINEMODE']._serialized_start=2491
-  _globals['_PIPELINEMODE']._serialized_end=2631
-  _globals['_FINISHREASON']._serialized_start=2634
-  _globals['_FINISHREASON']._serialized_end=2779
+  _globals['_SPECULATIONMODE']._serialized_start=2351
+  _globals['_SPECULATIONMODE']._serialized_end=2519
+  _globals['_PIPELINEMODE']._serialized_start=2522
+  _globals['_PIPELINEMODE']._serialized_end=2662
+  _globals['_FINISHREASON']._serialized_start=2665
+  _globals['_FINISHREASON']._serialized_end=2810
   _globals['_CHATMESSAGE']._serialized_start=70
   _globals['_CHATMESSAGE']._serialized_end=114
   _globals['_SPECULATIONCONFIG']._serialized_start=117
@@ -51,23 +51,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=340
   _globals['_GENERATEREQUEST']._serialized_end=602
   _globals['_GENERATIONSTATS']._serialized_start=605
-  _globals['_GENERATIONSTATS']._serialized_end=1861
-  _globals['_GENERATIONSTATS_CONTROLLERESTIMATESENTRY']._serialized_start=1678
-  _globals['_GENERATIONSTATS_CONTROLLERESTIMATESENTRY']._serialized_end=1736
-  _globals['_GENERATIONSTATS_DRAFTEDTOKENSBYMETHODENTRY']._serialized_start=1738
-  _globals['_GENERATIONSTATS_DRAFTEDTOKENSBYMETHODENTRY']._serialized_end=1798
-  _globals['_GENERATIONSTATS_ACCEPTEDTOKENSBYMETHODENTRY']._serialized_start=1800
-  _globals['_GENERATIONSTATS_ACCEPTEDTOKENSBYMETHODENTRY']._serialized_end=1861
-  _globals['_GENERATERESPONSE']._serialized_start=1864
-  _globals['_GENERATERESPONSE']._serialized_end=2008
-  _globals['_POOLSREQUEST']._serialized_start=2010
-  _globals['_POOLSREQUEST']._serialized_end=2024
-  _globals['_REPLICASTATUS']._serialized_start=2027
-  _globals['_REPLICASTATUS']._serialized_end=2172
-  _globals['_POOLSTATUS']._serialized_start=2174
-  _globals['_POOLSTATUS']._serialized_end=2261
-  _globals['_POOLSRESPONSE']._serialized_start=2263
-  _globals['_POOLSRESPONSE']._serialized_end=2317
-  _globals['_ORCHESTRATOR']._serialized_start=2782
-  _globals['_ORCHESTRATOR']._serialized_end=2931
+  _globals['_GENERATIONSTATS']._serialized_end=1892
+  _globals['_GENERATIONSTATS_CONTROLLERESTIMATESENTRY']._serialized_start=1709
+  _globals['_GENERATIONSTATS_CONTROLLERESTIMATESENTRY']._serialized_end=1767
+  _globals['_GENERATIONSTATS_DRAFTEDTOKENSBYMETHODENTRY']._serialized_start=1769
+  _globals['_GENERATIONSTATS_DRAFTEDTOKENSBYMETHODENTRY']._serialized_end=1829
+  _globals['_GENERATIONSTATS_ACCEPTEDTOKENSBYMETHODENTRY']._serialized_start=1831
+  _globals['_GENERATIONSTATS_ACCEPTEDTOKENSBYMETHODENTRY']._serialized_end=1892
+  _globals['_GENERATERESPONSE']._serialized_start=1895
+  _globals['_GENERATERESPONSE']._serialized_end=2039
+  _globals['_POOLSREQUEST']._serialized_start=2041
+  _globals['_POOLSREQUEST']._serialized_end=2055
+  _globals['_REPLICASTATUS']._serialized_start=2058
+  _globals['_REPLICASTATUS']._serialized_end=2203
+  _globals['_POOLSTATUS']._serialized_start=2205
+  _globals['_POOLSTATUS']._serialized_end=2292
+  _globals['_POOLSRESPONSE']._serialized_start=2294
+  _globals['_POOLSRESPONSE']._serialized_end=2348
+  _globals['_ORCHESTRATOR']._serialized_start=2813
+  _globals['_ORCHESTRATOR']._serialized_end=2962
 # @@protoc_insertion_point(module_scope)

@@ -76,7 +76,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last", "token_probabilities", "offered_passes", "offered_drafts", "offered_accepted")
+    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last", "token_probabilities", "offered_passes", "offered_drafts", "offered_accepted", "offered_branch_passes")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class DecodeResponse(_message.Message):
     OFFERED_PASSES_FIELD_NUMBER: _ClassVar[int]
     OFFERED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     OFFERED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    OFFERED_BRANCH_PASSES_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     compute_seconds: float
@@ -99,21 +100,36 @@ class DecodeResponse(_message.Message):
     offered_passes: int
     offered_drafts: int
     offered_accepted: int
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ..., token_probabilities: _Optional[_Iterable[float]] = ..., offered_passes: _Optional[int] = ..., offered_drafts: _Optional[int] = ..., offered_accepted: _Optional[int] = ...) -> None: ...
+    offered_branch_passes: int
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ..., token_probabilities: _Optional[_Iterable[float]] = ..., offered_passes: _Optional[int] = ..., offered_drafts: _Optional[int] = ..., offered_accepted: _Optional[int] = ..., offered_branch_passes: _Optional[int] = ...) -> None: ...
 
 class OfferRequest(_message.Message):
-    __slots__ = ("session_id", "start", "draft_token_ids", "draft_distributions", "max_verified")
+    __slots__ = ("session_id", "start", "draft_token_ids", "draft_distributions", "max_verified", "branches")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     start: int
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     max_verified: int
-    def __init__(self, session_id: _Optional[str] = ..., start: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., max_verified: _Optional[int] = ...) -> None: ...
+    branches: _containers.RepeatedCompositeFieldContainer[OfferedBranch]
+    def __init__(self, session_id: _Optional[str] = ..., start: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., max_verified: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[OfferedBranch, _Mapping]]] = ...) -> None: ...
+
+class OfferedBranch(_message.Message):
+    __slots__ = ("num_accepted", "next_token_id", "draft_token_ids", "draft_distributions")
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    num_accepted: int
+    next_token_id: int
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
 
 class OfferResponse(_message.Message):
     __slots__ = ("held", "committed_length")

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from specdec.models import ModelConfig, load_model
-from specdec.protocol import DraftOffer, OfferTally, Proposal, SamplingParams
+from specdec.protocol import BranchProposal, DraftOffer, OfferTally, Proposal, SamplingParams
 from specdec.ragged import run_alone
 from target_service.engine import TargetEngine
 
@@ -74,6 +74,35 @@ def test_any_offers_leave_greedy_tokens_unchanged(loaded):
         assert tally.accepted <= tally.drafts
 
 
+def test_branches_c_followed_are_verified_and_leave_greedy_tokens_unchanged(loaded):
+    """Offers whose own drafts are wrong at their first `wrong` positions, each with a branch that
+    holds the target's token there (and its tokens after) and branches that do not."""
+    plain, _, first = _decode(loaded)
+    committed = [*PROMPT, first, *plain]
+    rng = random.Random(5)
+    vocab = loaded.vocab_size
+
+    def other_than(token: int) -> int:
+        return (token + rng.randrange(1, vocab)) % vocab
+
+    for lag in (1, 2, 3):
+        def offer_at(length: int, lag=lag) -> DraftOffer:
+            start = max(len(PROMPT) + 1, length - lag)
+            own = committed[start:start + lag + 3]
+            wrong = rng.randrange(0, max(1, length - start))  # C left the drafts here
+            drafts = [*own[:wrong], other_than(own[wrong]), *own[wrong + 1:]] if own else []
+            branches = [BranchProposal(j, other_than(own[j]), Proposal((rng.randrange(vocab),)))
+                        for j in range(min(lag, len(own)))]
+            if wrong < len(own):
+                branches.append(BranchProposal(wrong, own[wrong], Proposal(tuple(own[wrong + 1:]))))
+            return DraftOffer(start, Proposal(tuple(drafts)), 3, tuple(rng.sample(branches, len(branches))))
+
+        tokens, tally, _ = _decode(loaded, offer_at)
+        assert tokens == plain, lag
+        assert tally.branch_passes > 0, lag
+        assert tally.branch_passes <= tally.passes and tally.accepted <= tally.drafts
+
+
 def test_a_round_stops_at_the_calls_max_tokens(loaded):
     plain, _, first = _decode(loaded)
     committed = [*PROMPT, first, *plain]
@@ -88,8 +117,24 @@ def test_a_round_stops_at_the_calls_max_tokens(loaded):
 def test_draft_offer_takes_the_drafts_after_c():
     offer = DraftOffer(10, Proposal((1, 2, 3, 4, 5)), max_verified=2)
     known = [9, 1, 2]  # C[9:12]
-    assert offer.drafts_after(known[:1], 9, 10).token_ids == (1, 2)
-    assert offer.drafts_after(known, 9, 12).token_ids == (3, 4)
-    assert offer.drafts_after([9, 1, 7], 9, 12).token_ids == ()  # C differs where the drafts were
-    assert offer.drafts_after([7, 9, 1, 2, 3, 4, 5], 8, 15).token_ids == ()  # nothing left past C
-    assert offer.drafts_after([2], 11, 12).token_ids == ()  # starts before what is known of C
+    assert offer.drafts_after(known[:1], 9, 10) == (Proposal((1, 2)), False)
+    assert offer.drafts_after(known, 9, 12) == (Proposal((3, 4)), False)
+    assert offer.drafts_after([9, 1, 7], 9, 12)[0].token_ids == ()  # C differs where the drafts were
+    assert offer.drafts_after([7, 9, 1, 2, 3, 4, 5], 8, 15)[0].token_ids == ()  # nothing left past C
+    assert offer.drafts_after([2], 11, 12)[0].token_ids == ()  # starts before what is known of C
+
+
+def test_draft_offer_takes_the_branch_c_followed():
+    branches = (BranchProposal(0, 7, Proposal((8, 9, 10))), BranchProposal(1, 6, Proposal((5, 4))),
+                BranchProposal(1, 3, Proposal((2,))))
+    offer = DraftOffer(10, Proposal((1, 2, 3, 4)), max_verified=2, branches=branches)
+    # C[9:] = [9, 7, ...]: the first branch, once C holds its token (7 is not a draft: never verified)
+    assert offer.drafts_after([9, 7], 9, 11) == (Proposal((8, 9)), True)
+    assert offer.drafts_after([9, 7, 8], 9, 12) == (Proposal((9, 10)), True)
+    assert offer.drafts_after([9, 7, 8, 9, 10], 9, 14)[0].token_ids == ()  # nothing left past C
+    assert offer.drafts_after([9, 7, 5], 9, 12)[0].token_ids == ()  # C left the branch too
+    assert offer.drafts_after([9, 1, 6], 9, 12) == (Proposal((5, 4)), True)
+    assert offer.drafts_after([9, 1, 3], 9, 12) == (Proposal((2,)), True)
+    assert offer.drafts_after([9, 1, 2], 9, 12) == (Proposal((3, 4)), False)  # the proposal's own
+    assert offer.drafts_after([9], 9, 10) == (Proposal((1, 2)), False)
+    assert offer.drafts_after([9, 2, 6], 9, 12)[0].token_ids == ()  # a branch's token after a draft C left

@@ -13,14 +13,17 @@ among those tokens)."""
 from __future__ import annotations
 
 import random
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import torch
 
 import orchestrator.server
+from orchestrator.pipelining import StreamPaces
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
+from specdec.delay_proxy import DelayProxyConfig, start_in_thread
 from specdec.rpc.server import ServerConfig
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
@@ -45,11 +48,18 @@ class StreamedStack:
         return f"127.0.0.1:{self.servers[-1].port}"
 
 
-def _start(loop_thread, target_dir: Path, draft_dir: Path, top_m: int, num_speculative_tokens: int):
-    """A context manager's body: the draft process, the target and orchestrator in-process."""
+def _start(loop_thread, target_dir: Path, draft_dir: Path, top_m: int, num_speculative_tokens: int,
+           draft_delay_ms: float = 0.0):
+    """A context manager's body: the draft process, the target and orchestrator in-process; the
+    draft's hop through a delay proxy adding draft_delay_ms each way when that is > 0."""
     with run_specdec("serve", "draft", "--model", str(draft_dir), "--dtype", "float64", "--port", "0",
-                     "--threads", "1", "--top-m", str(top_m)) as draft:
+                     "--threads", "1", "--top-m", str(top_m)) as draft, ExitStack() as proxies:
         draft_address = draft.wait_for_line(r"READY draft (\S+)").group(1)
+        if draft_delay_ms > 0:
+            host, port = draft_address.rsplit(":", 1)
+            proxy = proxies.enter_context(start_in_thread(DelayProxyConfig(
+                upstream_host=host, upstream_port=int(port), one_way_delay_ms=draft_delay_ms)))
+            draft_address = f"127.0.0.1:{proxy.port}"
 
         async def start():
             target_server, target = await start_target(target_dir)
@@ -75,6 +85,26 @@ def _start(loop_thread, target_dir: Path, draft_dir: Path, top_m: int, num_specu
 def greedy_stack(loop_thread, tiny_pair):
     """The default tiny pair: the perturbed draft agrees with the target often, not always."""
     yield from _start(loop_thread, tiny_pair.target_dir, tiny_pair.draft_dir, top_m=64, num_speculative_tokens=4)
+
+
+class AlwaysOffering(StreamPaces):
+    """Every call offers, however its pace compares: what is tested here is what offers do."""
+
+    def offer_next(self) -> bool:
+        return True
+
+    def clearly_slower(self, seconds_per_token: float) -> bool:
+        return False
+
+
+@pytest.fixture(scope="module")
+def distant_draft_stack(loop_thread, tiny_pair):
+    """The draft 2 x 30 ms away: the target has committed a token or two by the time an offer
+    drafted from its C arrives, so offers carry branches."""
+    for stack in _start(loop_thread, tiny_pair.target_dir, tiny_pair.draft_dir, top_m=64, num_speculative_tokens=3,
+                        draft_delay_ms=30.0):
+        stack.orchestrator.stream_paces = AlwaysOffering()
+        yield stack
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +159,30 @@ def test_streamed_greedy_output_is_the_targets(greedy_stack, reference_target, n
     registry = greedy_stack.orchestrator.telemetry.registry
     model = greedy_stack.orchestrator.telemetry.model_name
     assert registry.get_sample_value("specdec:offered_accepted_total", {"model_name": model}) >= accepted
+
+
+def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stack, reference_target):
+    """Offers from a draft whose answers lag: the target takes a branch's drafts where it committed
+    one of the draft's other candidates (pipeline_fanout 3, the default); with fan-out 0 it takes
+    none. Greedy output is the target's either way."""
+    branch_passes = {}
+    for fanout in (3, 0):
+        branch_passes[fanout] = 0
+        for prompt in _prompts(8):
+            request = _request(prompt, 3)
+            request.speculation.pipeline_fanout = fanout
+            tokens, _, last = generate(distant_draft_stack.address, request)
+            with torch.no_grad():
+                output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS,
+                                                   do_sample=False,
+                                                   attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+            assert tokens == output[0, len(prompt):].tolist(), (fanout, prompt)
+            assert last.stats.offered_branch_passes <= last.stats.offered_passes
+            branch_passes[fanout] += last.stats.offered_branch_passes
+    assert branch_passes[3] > 0 and branch_passes[0] == 0, branch_passes
+    registry = distant_draft_stack.orchestrator.telemetry.registry
+    model = distant_draft_stack.orchestrator.telemetry.model_name
+    assert registry.get_sample_value("specdec:offered_branch_passes_total", {"model_name": model}) >= branch_passes[3]
 
 
 def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sampled_pair):

@@ -27,6 +27,19 @@ def test_the_lookahead_follows_a_network_that_speeds_up():
     assert streamed.lookahead >= 0
 
 
+def test_offers_branch_at_the_positions_the_target_passes_before_they_arrive():
+    streamed = StreamedDrafts(num_speculative_tokens=2, fanout=3, lookahead=0.3)
+    assert streamed.branch_outcomes(streamed.drafts_per_offer(16)) == 0  # offers mostly arrive in time
+    for lag, outcomes in ((1, 1), (2, 2), (4, 4)):
+        for _ in range(30):
+            streamed.observe_lag(lag)
+        drafts = streamed.drafts_per_offer(16)
+        assert streamed.branch_outcomes(drafts) == outcomes
+        assert outcomes < drafts  # each branch has the drafts after its position
+    assert StreamedDrafts(2, fanout=0, lookahead=3.0).branch_outcomes(5) == 0  # fan-out 0: no branches
+    assert StreamedDrafts(2, fanout=3, lookahead=6.0).branch_outcomes(3) == 2  # never past the drafts
+
+
 def test_streaming_verifies_at_least_one_draft_a_pass():
     with pytest.raises(ValueError):
         StreamedDrafts(num_speculative_tokens=0)
