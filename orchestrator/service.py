@@ -79,8 +79,8 @@ class OrchestratorConfig:
     lookup: LookupConfig = field(default_factory=LookupConfig)  # the model-free drafts
     # Drafting ahead while the target verifies, for requests that leave it unset: off, on, auto.
     pipeline: PipelineMode = "off"
-    # Candidates per outcome (on); the maximum (auto); per position C passes before an offer
-    # arrives (stream). 0: nothing drafted ahead (on, auto), offers without branches (stream).
+    # Candidates per outcome (on); the maximum (auto); 0 drafts nothing ahead. Streamed offers'
+    # branches take only a request's own pipeline_fanout.
     pipeline_fanout: int = DEFAULT_PIPELINE_FANOUT
 
     def __post_init__(self) -> None:
@@ -280,7 +280,10 @@ class OrchestratorService:
         if mode == "stream":
             # The target verifies up to K offered drafts a pass: fixed K's, else the server's K.
             depth = policy.num_speculative_tokens if isinstance(policy, FixedK) else self.config.num_speculative_tokens
-            return StreamedDrafts(depth, self.stream_paces, fanout=fanout) if depth > 0 else NoPipeline()
+            # Branches only where the request asks for them: on the default pair they earned
+            # nothing greedy and cost sampled output 2 % (docs/architecture.md, "Pipelining").
+            branches = speculation.pipeline_fanout or 0
+            return StreamedDrafts(depth, self.stream_paces, fanout=branches) if depth > 0 else NoPipeline()
         if fanout == 0:
             return NoPipeline()
         if mode == "auto" and isinstance(policy, AdaptiveKController):

@@ -215,8 +215,8 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline-fanout", type=int,
                         default=default_of(OrchestratorConfig, "pipeline_fanout"),
                         help="the draft's candidates per outcome to draft ahead for (on); the maximum (auto); "
-                             "per position C passes before an offer arrives (stream); 0 drafts nothing "
-                             "ahead (on, auto) and offers no branches (stream)")
+                             "0 drafts nothing ahead (streamed offers' branches take only a request's "
+                             "own pipeline_fanout)")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -1,7 +1,8 @@
 """A Decode's passes verify the drafts offered to it (TargetEngine.decode with `offered`, float64
 tiny target, run alone): greedy tokens are the same with any offers, right, wrong, stale or
-ahead; offers of the target's own tokens are all accepted; and DraftOffer picks the drafts that
-follow C as it is."""
+ahead, and with their branches; offers of the target's own tokens are all accepted; sampled
+offers and branches leave the target's law; and DraftOffer picks the drafts that follow C as it
+is."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import dataclasses
 import random
 
 import pytest
+import torch
 
 from specdec.models import ModelConfig, load_model
-from specdec.protocol import BranchProposal, DraftOffer, OfferTally, Proposal, SamplingParams
+from specdec.protocol import BranchProposal, DraftOffer, OfferTally, Proposal, SamplingParams, SparseDistribution
 from specdec.ragged import run_alone
 from target_service.engine import TargetEngine
+from tests import tiny_models
+from tests.service import test_sampling_services as sampling
 
 PROMPT = [18, 29, 13, 10, 26, 13, 25, 5]
 GREEDY = SamplingParams(temperature=0.0)
@@ -138,3 +142,44 @@ def test_draft_offer_takes_the_branch_c_followed():
     assert offer.drafts_after([9, 1, 2], 9, 12) == (Proposal((3, 4)), False)  # the proposal's own
     assert offer.drafts_after([9], 9, 10) == (Proposal((1, 2)), False)
     assert offer.drafts_after([9, 2, 6], 9, 12)[0].token_ids == ()  # a branch's token after a draft C left
+
+
+def test_sampled_offers_and_branches_leave_the_targets_law(tmp_path):
+    """Sampled at T = 1: each Decode of a session is offered a draft d1 for the position after its
+    first token, drawn from q~, and a branch for every other token t there with a drawn draft after
+    it: the first pass verifies d1, and where the target rejects it the second verifies the branch
+    of the token it took. The joint law of the first three tokens is the target's (the chi-square
+    test of tests/service/test_sampling_services.py)."""
+    model = sampling._small_model(seed=11)
+    model_dir = tiny_models.save(model, tmp_path / "target", with_tokenizer=False)
+    loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
+    law = sampling.reference_joint_law(sampling._load(model_dir),
+                                       sampling.Config(temperature=1.0, top_k=0, num_samples=0, first_seed=0))
+    vocab = sampling.VOCAB_SIZE
+    rng = random.Random(17)  # the offers' own randomness: independent of the target's keyed draws
+
+    def drawn() -> tuple[int, SparseDistribution]:
+        support = tuple(rng.sample(range(vocab), 3))
+        weights = [rng.random() + 0.1 for _ in support]
+        probs = tuple(w / sum(weights) for w in weights)
+        return rng.choices(support, probs)[0], SparseDistribution(support, probs)
+
+    engine = TargetEngine(loaded, 4)
+    start = len(sampling.PROMPT) + 1
+    samples, tally = [], OfferTally()
+    for seed in range(2_000):
+        params = SamplingParams(temperature=1.0, seed=60_000 + seed)
+        state, first = run_alone(loaded.model, engine.prefill(sampling.PROMPT, params, resume=False))
+        d1, q1 = drawn()
+        branches = []
+        for t in range(vocab):
+            if t != d1:
+                b1, qb = drawn()
+                branches.append(BranchProposal(0, t, Proposal((b1,), (qb,))))
+        offer = DraftOffer(start, Proposal((d1,), (q1,)), 1, tuple(branches))
+        tokens = run_alone(loaded.model, engine.decode(state, 3, offered=lambda: offer, tally=tally))
+        samples.append([first, *(token.token_id for token in tokens[:2])])
+    p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(torch.tensor(samples)), law)
+    assert p_value > sampling.ALPHA, summary
+    assert tally.branch_passes > 500 and tally.passes > tally.branch_passes, tally
+    assert 0 < tally.accepted < tally.drafts, tally
