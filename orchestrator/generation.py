@@ -136,6 +136,7 @@ class Generation:
         local_draft: LocalDraft | None = None,
         guard: SpeculationGuard | None = None,
         pipeline: PipelinePolicy | None = None,
+        stretch_offers: StreamedDrafts | None = None,
     ) -> None:
         if len(request.prompt_token_ids) >= limits.max_context:
             raise OutOfRange(f"the prompt has {len(request.prompt_token_ids)} tokens; the max context "
@@ -145,6 +146,7 @@ class Generation:
         self.limits = limits
         self.guard = guard  # whether speculation pays the system at all (adaptive requests only)
         self.pipeline = pipeline if pipeline is not None else NoPipeline()  # drafting ahead
+        self.stretch_offers = stretch_offers  # offers beside the adaptive controller's K = 0 stretches
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
         self._decoded_in_call = 0  # tokens the last Decode brought
@@ -183,26 +185,29 @@ class Generation:
                     yield chunk
                 plain_rounds = 0
                 shadow: _ShadowProbe | None = None
-                streamed = self._streamed()
+                streamed = offered = self._streamed()
                 if self._speculating() and streamed is None:
                     plain_rounds = self._plain_rounds()
                     if plain_rounds == 0:
                         chunk = self._commit(await self._round())
                         continue
                     shadow = self._take_shadow_probe(plain_rounds)
+                    offered = self._offered_stretch()
                 decoded: Chunk | None = None
-                offers = streamed is not None and streamed.paces.offer_next()
+                offers = offered is not None and offered.paces.offer_next()
                 decoding = self._decode(plain_rounds, streamed=streamed is not None)
                 self._offers_stopped = False
-                offering = asyncio.create_task(self._offer_drafts(streamed)) if offers else None
+                offering = asyncio.create_task(self._offer_drafts(offered, shadow)) if offers else None
                 try:
-                    self._launch_shadow_probe(shadow)
+                    if offering is None:  # else the offers' loop sends it, between its own draft calls
+                        self._launch_shadow_probe(shadow)
                     async for tokens in decoding:
                         decoded = self._commit(list(tokens))
                         if decoded.finish_reason is not None:
                             break  # the last chunk goes out below, with the stats
                         yield decoded  # each token as it comes, not held back for the next
-                        self._launch_shadow_probe(shadow)
+                        if offering is None or offering.done():
+                            self._launch_shadow_probe(shadow)
                 except BaseException:
                     if shadow is not None and shadow.task is not None:
                         shadow.task.cancel()
@@ -214,9 +219,9 @@ class Generation:
                         (ended,) = await asyncio.gather(offering, return_exceptions=True)
                         if isinstance(ended, Exception):  # offers are an optimisation: the Decode went on
                             log.warning("offering drafts to the target failed: %s", ended)
-                if streamed is not None and self._decoded_in_call >= MIN_PACE_TOKENS and not self._offers_stopped:
+                if offered is not None and self._decoded_in_call >= MIN_PACE_TOKENS and not self._offers_stopped:
                     assert self._decode_token_seconds is not None
-                    streamed.paces.observe(offers, self._decode_token_seconds)
+                    offered.paces.observe(offers, self._decode_token_seconds)
                 if decoded is None:
                     chunk = self._commit([])
                 else:
@@ -230,8 +235,9 @@ class Generation:
             assert chunk is not None  # the loop ends on a chunk with a finish reason
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
-            if isinstance(self.pipeline, StreamedDrafts):
-                self.stats.controller_estimates["stream_lookahead"] = self.pipeline.lookahead
+            for streamed in (self.pipeline, self.stretch_offers):
+                if isinstance(streamed, StreamedDrafts) and self.stats.offers:
+                    self.stats.controller_estimates["stream_lookahead"] = streamed.lookahead
             if self.guard is not None:
                 self.stats.controller_estimates["system_speculating"] = float(self.guard.speculating)
             if self.local_draft is not None:
@@ -310,11 +316,20 @@ class Generation:
             return None
         return self.pipeline
 
-    async def _offer_drafts(self, streamed: StreamedDrafts) -> None:
+    def _offered_stretch(self) -> StreamedDrafts | None:
+        """Offers beside the coming K = 0 stretch (pipelining auto), when the session has its model
+        draft (a hybrid session's stretches keep its lookups' turn)."""
+        if (self.stretch_offers is None or not self.uses_model_draft or self.local_draft is not None
+                or not self._model_draft_in_reach()):
+            return None
+        return self.stretch_offers
+
+    async def _offer_drafts(self, streamed: StreamedDrafts, shadow: _ShadowProbe | None = None) -> None:
         """Beside a streamed Decode: each time C has grown, the draft drafts from it, enough to
         reach past where the target is expected to be by the time they arrive, and offers them to
-        the target. Ends when the draft is gone or the offers clearly slow the Decode (it goes on
-        alone), or when cancelled."""
+        the target. A probe beside the stretch (shadow) goes out between these draft calls when
+        the stretch reaches its start, so the draft session sees C only grow. Ends when the draft
+        is gone or the offers clearly slow the Decode (it goes on alone), or when cancelled."""
         async def offer(drafted: DraftOffer) -> None:
             held, length = await self.replicas.offer(drafted)
             if held and not drafted.branches:  # the same drafts' own offer measured it
@@ -341,6 +356,10 @@ class Generation:
                         streamed.paces.observe(True, pace)
                         self._offers_stopped = True
                         return
+                if shadow is not None and shadow.task is None and len(self.committed) >= shadow.launch_at:
+                    self._launch_shadow_probe(shadow)
+                    assert shadow.task is not None
+                    await asyncio.wait([shadow.task])  # its own result is read after the stretch
                 start = list(self.committed)
                 offered_from = len(start)
                 await self.replicas.settle_draft(start)

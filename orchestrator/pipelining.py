@@ -159,6 +159,9 @@ class StreamPaces:
 
 # Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.
 MIN_PACE_TOKENS = 16
+# Drafts a pass of an adaptive session's K = 0 stretch verifies from the draft's offers under
+# pipelining auto (the streamed K measured on the default pair).
+STRETCH_OFFER_DEPTH = 2
 
 
 @dataclass

@@ -44,6 +44,7 @@ from orchestrator.pipelining import (
     NoPipeline,
     PipelineMode,
     PipelinePolicy,
+    STRETCH_OFFER_DEPTH,
     StreamedDrafts,
     StreamPaces,
 )
@@ -127,6 +128,7 @@ class OrchestratorService:
         self.lookup_priors = {"greedy": LookupPriors(), "sampled": LookupPriors()}
         self.pipeline_priors = {"greedy": PipelinePriors(), "sampled": PipelinePriors()}
         self.stream_paces = StreamPaces()  # whether streamed requests' offers pay (pipelining.py)
+        self.stretch_paces = StreamPaces()  # whether offers beside adaptive stretches pay (auto)
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
@@ -290,6 +292,14 @@ class OrchestratorService:
             return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)
 
+    def stretch_offers(self, speculation: Speculation, policy: KPolicy) -> StreamedDrafts | None:
+        """Under pipelining auto, an adaptive session's K = 0 stretches (Decode calls) are
+        offered the model draft's drafts as streamed requests are, where that pays."""
+        mode = speculation.pipeline or self.config.pipeline
+        if mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController):
+            return None
+        return StreamedDrafts(min(STRETCH_OFFER_DEPTH, self.config.max_num_speculative_tokens), self.stretch_paces)
+
     def generate(
         self,
         prompt: PromptInput,
@@ -322,5 +332,5 @@ class OrchestratorService:
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
                                 self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
                                 guard=self.guard if isinstance(policy, AdaptiveKController) else None,
-                                pipeline=pipeline)
+                                pipeline=pipeline, stretch_offers=self.stretch_offers(speculation, policy))
         return recorder.stream(generation.run(), generation.stats)

@@ -33,6 +33,7 @@ from tests.service import test_sampling_services as sampling
 from tests.stack import SlowPasses, generate, start_target
 
 MAX_NEW_TOKENS = 40
+LONG_NEW_TOKENS = 64  # adaptive K reaches its stretches after a few rounds
 SLOW_PASS_SECONDS = 0.03
 
 
@@ -103,7 +104,7 @@ def distant_draft_stack(loop_thread, tiny_pair):
     drafted from its C arrives, so offers carry branches."""
     for stack in _start(loop_thread, tiny_pair.target_dir, tiny_pair.draft_dir, top_m=64, num_speculative_tokens=3,
                         draft_delay_ms=30.0):
-        stack.orchestrator.stream_paces = AlwaysOffering()
+        stack.orchestrator.stream_paces = stack.orchestrator.stretch_paces = AlwaysOffering()
         yield stack
 
 
@@ -183,6 +184,27 @@ def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stac
     registry = distant_draft_stack.orchestrator.telemetry.registry
     model = distant_draft_stack.orchestrator.telemetry.model_name
     assert registry.get_sample_value("specdec:offered_branch_passes_total", {"model_name": model}) >= branch_passes[3]
+
+
+def test_adaptive_stretches_are_offered_drafts_under_pipelining_auto(distant_draft_stack, reference_target):
+    """Adaptive K with the draft 2 x 30 ms away decodes mostly in K = 0 stretches (Decode calls);
+    under pipelining auto the draft offers its drafts to their passes as to a streamed request's.
+    Greedy output is the target's."""
+    offers = passes = stretches = 0
+    for prompt in _prompts(16):
+        speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
+        request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS, speculation=speculation)
+        tokens, _, last = generate(distant_draft_stack.address, request)
+        with torch.no_grad():
+            output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=LONG_NEW_TOKENS, do_sample=False,
+                                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        assert tokens == output[0, len(prompt):].tolist(), prompt
+        stats = last.stats
+        assert stats.offered_drafts <= 2 * stats.offered_passes  # STRETCH_OFFER_DEPTH drafts a pass at most
+        offers += stats.offers
+        passes += stats.offered_passes
+        stretches += stats.decode_calls
+    assert stretches > 0 and offers > 0 and passes > 0, (stretches, offers, passes)
 
 
 def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sampled_pair):
