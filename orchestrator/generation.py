@@ -34,6 +34,7 @@ from orchestrator.pipelining import (
     AheadPlan,
     NoPipeline,
     PipelinePolicy,
+    RequestStreaming,
     StreamedDrafts,
 )
 from orchestrator.pool import ReplicaPool
@@ -137,6 +138,7 @@ class Generation:
         guard: SpeculationGuard | None = None,
         pipeline: PipelinePolicy | None = None,
         stretch_offers: StreamedDrafts | None = None,
+        request_streaming: RequestStreaming | None = None,
     ) -> None:
         if len(request.prompt_token_ids) >= limits.max_context:
             raise OutOfRange(f"the prompt has {len(request.prompt_token_ids)} tokens; the max context "
@@ -147,6 +149,10 @@ class Generation:
         self.guard = guard  # whether speculation pays the system at all (adaptive requests only)
         self.pipeline = pipeline if pipeline is not None else NoPipeline()  # drafting ahead
         self.stretch_offers = stretch_offers  # offers beside the adaptive controller's K = 0 stretches
+        # Pipelining auto: whether this request runs the controller's rounds or streams (with the
+        # stretches' offers) is chosen by measured pace; None until chosen, and when not auto.
+        self.request_streaming = request_streaming
+        self._streams: bool | None = None
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
         self._decoded_in_call = 0  # tokens the last Decode brought
@@ -179,6 +185,8 @@ class Generation:
                                                            and not self.guard.allows_speculation())
             first = await self.replicas.prefill(self.committed, self.uses_model_draft, defer_draft=defer_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
+            if self.request_streaming is not None and self._offered_stretch() is not None:
+                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy)
             chunk: Chunk | None = self._commit([first])
             while chunk is None or chunk.finish_reason is None:
                 if chunk is not None:  # None: a stretch's chunks went out as they came
@@ -235,6 +243,9 @@ class Generation:
             assert chunk is not None  # the loop ends on a chunk with a finish reason
             self.stats.wall_seconds = time.perf_counter() - started
             self.stats.controller_estimates = dict(self.policy.estimates())
+            if self._streams is not None:
+                self.stats.controller_estimates["auto_streamed"] = float(self._streams)
+                self._observe_request_pace()
             for streamed in (self.pipeline, self.stretch_offers):
                 if isinstance(streamed, StreamedDrafts) and self.stats.offers:
                     self.stats.controller_estimates["stream_lookahead"] = streamed.lookahead
@@ -308,9 +319,21 @@ class Generation:
         nor while the guard holds the whole system at K = 0."""
         return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
 
+    def _observe_request_pace(self) -> None:
+        """Tells RequestStreaming this request's wall time per token after its first, when it
+        made enough of them to say."""
+        assert self.request_streaming is not None and self._streams is not None
+        tokens = self.stats.generated_tokens - 1
+        if tokens >= MIN_PACE_TOKENS:
+            pace = (self.stats.wall_seconds - self.stats.time_to_first_token_seconds) / tokens
+            self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace)
+
     def _streamed(self) -> StreamedDrafts | None:
         """Streamed speculation for the coming Decode (orchestrator/pipelining.py), when the
-        request speculates with a model draft and the draft is there or on its way."""
+        request speculates with a model draft and the draft is there or on its way (under
+        pipelining auto, when RequestStreaming chose to stream this request)."""
+        if self._streams:
+            return self._offered_stretch() if self._speculating() else None
         if (not isinstance(self.pipeline, StreamedDrafts) or not self._speculating()
                 or not self.uses_model_draft or not self._model_draft_in_reach()):
             return None

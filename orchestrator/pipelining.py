@@ -157,6 +157,24 @@ class StreamPaces:
                 self.interval = min(self.max_interval, 2 * self.interval)  # a test confirmed it
 
 
+class RequestStreaming:
+    """Pipelining auto's choice, request by request, between the adaptive controller's rounds and
+    streaming the whole request (one Decode at a time, the draft's offers in its passes): the one
+    whose requests' wall time per token measures lower, the other tried again now and then
+    (StreamPaces: True streams), apart for greedy and sampled requests, whose drafts are accepted
+    at different rates."""
+
+    def __init__(self) -> None:
+        self.paces = {True: StreamPaces(), False: StreamPaces()}  # by greedy
+
+    def streams_next(self, greedy: bool) -> bool:
+        return self.paces[greedy].offer_next()
+
+    def observe(self, greedy: bool, streamed: bool, seconds_per_token: float) -> None:
+        """A request's wall time per token after its first (MIN_PACE_TOKENS tokens or more)."""
+        self.paces[greedy].observe(streamed, seconds_per_token)
+
+
 # Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.
 MIN_PACE_TOKENS = 16
 # Drafts a pass of an adaptive session's K = 0 stretch verifies from the draft's offers under

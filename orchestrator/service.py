@@ -44,6 +44,7 @@ from orchestrator.pipelining import (
     NoPipeline,
     PipelineMode,
     PipelinePolicy,
+    RequestStreaming,
     STRETCH_OFFER_DEPTH,
     StreamedDrafts,
     StreamPaces,
@@ -129,6 +130,7 @@ class OrchestratorService:
         self.pipeline_priors = {"greedy": PipelinePriors(), "sampled": PipelinePriors()}
         self.stream_paces = StreamPaces()  # whether streamed requests' offers pay (pipelining.py)
         self.stretch_paces = StreamPaces()  # whether offers beside adaptive stretches pay (auto)
+        self.request_streaming = RequestStreaming()  # auto: rounds or a streamed request
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
@@ -329,8 +331,10 @@ class OrchestratorService:
             cache_partition=partition,
         )
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
+        stretch_offers = self.stretch_offers(speculation, policy)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
                                 self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
                                 guard=self.guard if isinstance(policy, AdaptiveKController) else None,
-                                pipeline=pipeline, stretch_offers=self.stretch_offers(speculation, policy))
+                                pipeline=pipeline, stretch_offers=stretch_offers,
+                                request_streaming=self.request_streaming if stretch_offers is not None else None)
         return recorder.stream(generation.run(), generation.stats)

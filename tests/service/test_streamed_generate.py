@@ -186,11 +186,13 @@ def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stac
     assert registry.get_sample_value("specdec:offered_branch_passes_total", {"model_name": model}) >= branch_passes[3]
 
 
-def test_adaptive_stretches_are_offered_drafts_under_pipelining_auto(distant_draft_stack, reference_target):
-    """Adaptive K with the draft 2 x 30 ms away decodes mostly in K = 0 stretches (Decode calls);
-    under pipelining auto the draft offers its drafts to their passes as to a streamed request's.
-    Greedy output is the target's."""
+def test_adaptive_requests_are_offered_drafts_under_pipelining_auto(distant_draft_stack, reference_target):
+    """Adaptive K under pipelining auto, the draft 2 x 30 ms away: a request either streams (one
+    Decode at a time, the draft's drafts offered to its passes) or runs the controller's rounds,
+    which decode mostly in K = 0 stretches, offered drafts too; each way is measured (the first two
+    long requests), then the faster taken. Greedy output is the target's."""
     offers = passes = stretches = 0
+    chosen = set()
     for prompt in _prompts(16):
         speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
         request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS, speculation=speculation)
@@ -202,9 +204,11 @@ def test_adaptive_stretches_are_offered_drafts_under_pipelining_auto(distant_dra
         stats = last.stats
         assert stats.offered_drafts <= 2 * stats.offered_passes  # STRETCH_OFFER_DEPTH drafts a pass at most
         offers += stats.offers
+        chosen.add(dict(stats.controller_estimates).get("auto_streamed"))
         passes += stats.offered_passes
         stretches += stats.decode_calls
     assert stretches > 0 and offers > 0 and passes > 0, (stretches, offers, passes)
+    assert chosen == {0.0, 1.0}, chosen  # requests that streamed, and requests in rounds
 
 
 def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sampled_pair):

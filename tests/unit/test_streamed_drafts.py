@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pipelining import StreamedDrafts, StreamPaces
+from orchestrator.pipelining import RequestStreaming, StreamedDrafts, StreamPaces
 
 
 def test_an_offer_drafts_k_past_the_expected_lookahead():
@@ -78,3 +78,17 @@ def test_a_call_whose_offers_clearly_slow_it_is_told_apart():
     assert not paces.clearly_slower(1.0)  # nothing to compare with yet
     paces.observe(False, 0.040)
     assert paces.clearly_slower(0.060) and not paces.clearly_slower(0.050)
+
+
+def test_requests_stream_where_that_is_faster_greedy_and_sampled_apart():
+    streaming = RequestStreaming()
+    paces = {True: {True: 0.030, False: 0.036}, False: {True: 0.040, False: 0.033}}  # by greedy, by streamed
+    chosen: dict[bool, list[bool]] = {True: [], False: []}
+    for _ in range(100):
+        for greedy in (True, False):
+            streams = streaming.streams_next(greedy)
+            streaming.observe(greedy, streams, paces[greedy][streams])
+            chosen[greedy].append(streams)
+    assert chosen[True][:2] == [True, False] and chosen[False][:2] == [True, False]  # each way measured
+    assert sum(chosen[True][2:]) >= 90  # greedy requests stream
+    assert sum(chosen[False][2:]) <= 8  # sampled ones run rounds
