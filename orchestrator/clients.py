@@ -153,17 +153,9 @@ def _propose_request(handle: Handle, new_committed_token_ids: Sequence[int],
     )
 
 
-def _proposal(message: Any, fed_tokens: int = 0) -> Proposal:
-    """The drafts of a ProposeResponse or a Branch."""
-    return Proposal(
-        token_ids=tuple(message.draft_token_ids),
-        distributions=tuple(convert.distribution_from_proto(d) for d in message.draft_distributions),
-        fed_tokens=fed_tokens,
-    )
-
-
 def _proposal_reply(response: draft_pb2.ProposeResponse, wall_seconds: float) -> Reply[Proposal]:
-    proposal = replace(_proposal(response, response.fed_tokens), match_lengths=tuple(response.match_lengths))
+    proposal = replace(convert.proposal_from_proto(response, response.fed_tokens),
+                       match_lengths=tuple(response.match_lengths))
     return Reply(convert.handle_from_proto(response.handle), proposal, _timing(wall_seconds, response))
 
 
@@ -355,7 +347,7 @@ class SpeculateCall:
         response = await self._read("branches")
         assert self._proposal_arrived is not None, "read proposal() first"
         ahead = DraftedAhead(
-            branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, _proposal(b))
+            branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, convert.proposal_from_proto(b))
                            for b in response.branches),
             candidates=tuple(tuple(c.token_ids) for c in response.candidates),
         )

@@ -10,7 +10,7 @@ import grpc
 
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from specdec.protocol import BranchProposal, DecodedToken, DraftOffer, OfferTally, Proposal
+from specdec.protocol import BranchProposal, DecodedToken, DraftOffer, OfferTally
 from target_service.service import TargetService
 
 
@@ -33,10 +33,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
-        proposal = Proposal(
-            token_ids=tuple(request.draft_token_ids),
-            distributions=tuple(convert.distribution_from_proto(d) for d in request.draft_distributions),
-        )
+        proposal = convert.proposal_from_proto(request)
         handle, outcome, timing = await self.service.verify(
             convert.handle_from_proto(request.handle), proposal
         )
@@ -81,9 +78,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             stop.set()  # the caller went away: the job stops before its next step
 
     async def Offer(self, request: target_pb2.OfferRequest, context: grpc.aio.ServicerContext):
-        branches = tuple(BranchProposal(b.num_accepted, b.next_token_id, _proposal(b)) for b in request.branches)
-        held, committed_length = self.service.offer(
-            request.session_id, DraftOffer(request.start, _proposal(request), request.max_verified, branches))
+        branches = tuple(BranchProposal(b.num_accepted, b.next_token_id, convert.proposal_from_proto(b))
+                         for b in request.branches)
+        offer = DraftOffer(request.start, convert.proposal_from_proto(request), request.max_verified, branches)
+        held, committed_length = self.service.offer(request.session_id, offer)
         return target_pb2.OfferResponse(held=held, committed_length=committed_length)
 
     async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
@@ -102,13 +100,6 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 def _offered(tally: OfferTally) -> dict[str, int]:
     return {"offered_passes": tally.passes, "offered_drafts": tally.drafts, "offered_accepted": tally.accepted,
             "offered_branch_passes": tally.branch_passes}
-
-
-def _proposal(message: target_pb2.OfferRequest | target_pb2.OfferedBranch) -> Proposal:
-    return Proposal(
-        token_ids=tuple(message.draft_token_ids),
-        distributions=tuple(convert.distribution_from_proto(d) for d in message.draft_distributions),
-    )
 
 
 def _decoded(tokens: list[DecodedToken]) -> dict[str, list]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from typing import Any
 
 from specdec.errors import InvalidInput
-from specdec.protocol import Handle, ReplicaInfo, SamplingParams, SparseDistribution, Timing
+from specdec.protocol import Handle, Proposal, ReplicaInfo, SamplingParams, SparseDistribution, Timing
 from specdec.v1 import common_pb2
 
 
@@ -55,6 +56,16 @@ def handle_to_proto(handle: Handle) -> common_pb2.SessionHandle:
 def distribution_from_proto(message: common_pb2.SparseDistribution) -> SparseDistribution:
     """Exactly as sent (float32 values, which a Python float holds exactly)."""
     return SparseDistribution(token_ids=tuple(message.token_ids), probs=tuple(message.probs))
+
+
+def proposal_from_proto(message: Any, fed_tokens: int = 0) -> Proposal:
+    """The drafts of any message with draft_token_ids and draft_distributions (ProposeResponse,
+    Branch, VerifyRequest, OfferRequest, OfferedBranch)."""
+    return Proposal(
+        token_ids=tuple(message.draft_token_ids),
+        distributions=tuple(distribution_from_proto(d) for d in message.draft_distributions),
+        fed_tokens=fed_tokens,
+    )
 
 
 def distribution_to_proto(distribution: SparseDistribution) -> common_pb2.SparseDistribution:
