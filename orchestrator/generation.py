@@ -153,6 +153,11 @@ class Generation:
         # stretches' offers) is chosen by measured pace; None until chosen, and when not auto.
         self.request_streaming = request_streaming
         self._streams: bool | None = None
+        # Since when (perf_counter, generated tokens) the request has run its present way; whether
+        # that way is a test still to be judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
+        self._way_since: tuple[float, int] = (0.0, 0)
+        self._way_on_trial = False
+        self._switched = False
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
         self._decoded_in_call = 0  # tokens the last Decode brought
@@ -188,9 +193,11 @@ class Generation:
             if self.request_streaming is not None and self._offered_stretch() is not None:
                 self._streams = self.request_streaming.streams_next(self.request.sampling.greedy)
             chunk: Chunk | None = self._commit([first])
+            self._start_way()
             while chunk is None or chunk.finish_reason is None:
                 if chunk is not None:  # None: a stretch's chunks went out as they came
                     yield chunk
+                self._switch_if_losing()
                 plain_rounds = 0
                 shadow: _ShadowProbe | None = None
                 streamed = offered = self._streamed()
@@ -245,7 +252,8 @@ class Generation:
             self.stats.controller_estimates = dict(self.policy.estimates())
             if self._streams is not None:
                 self.stats.controller_estimates["auto_streamed"] = float(self._streams)
-                self._observe_request_pace()
+                self.stats.controller_estimates["auto_switched"] = float(self._switched)
+                self._observe_way_pace()
             for streamed in (self.pipeline, self.stretch_offers):
                 if isinstance(streamed, StreamedDrafts) and self.stats.offers:
                     self.stats.controller_estimates["stream_lookahead"] = streamed.lookahead
@@ -319,13 +327,43 @@ class Generation:
         nor while the guard holds the whole system at K = 0."""
         return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
 
-    def _observe_request_pace(self) -> None:
-        """Tells RequestStreaming this request's wall time per token after its first, when it
-        made enough of them to say."""
+    def _start_way(self) -> None:
+        """The request runs its way (RequestStreaming: rounds or streamed) from here; a test of
+        the way the measurements do not favour is judged at MIN_PACE_TOKENS."""
+        self._way_since = (time.perf_counter(), self.stats.generated_tokens)
+        self._way_on_trial = (self._streams is not None and self.request_streaming is not None
+                              and self.request_streaming.is_test(self.request.sampling.greedy, self._streams))
+
+    def _way_pace(self) -> tuple[int, float]:
+        """Tokens committed the present way, and their wall time per token."""
+        started, first = self._way_since
+        tokens = self.stats.generated_tokens - first
+        return tokens, (time.perf_counter() - started) / max(1, tokens)
+
+    def _switch_if_losing(self) -> None:
+        """A test of the way the measurements do not favour, once it has run MIN_PACE_TOKENS
+        tokens: when clearly slower than the other way measures, it is told so and the rest of
+        the request runs the other way (once: no switching back)."""
+        if not self._way_on_trial:
+            return
         assert self.request_streaming is not None and self._streams is not None
-        tokens = self.stats.generated_tokens - 1
+        tokens, pace = self._way_pace()
+        if tokens < MIN_PACE_TOKENS:
+            return
+        self._way_on_trial = False
+        greedy = self.request.sampling.greedy
+        if self.request_streaming.clearly_slower(greedy, self._streams, pace):
+            self.request_streaming.observe(greedy, self._streams, pace)
+            self._streams, self._switched = not self._streams, True
+            self._start_way()
+            self._way_on_trial = False
+
+    def _observe_way_pace(self) -> None:
+        """Tells RequestStreaming the wall time per token of the request's tokens after its
+        first that ran its last way, when there are enough of them to say."""
+        assert self.request_streaming is not None and self._streams is not None
+        tokens, pace = self._way_pace()
         if tokens >= MIN_PACE_TOKENS:
-            pace = (self.stats.wall_seconds - self.stats.time_to_first_token_seconds) / tokens
             self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace)
 
     def _streamed(self) -> StreamedDrafts | None:
@@ -525,6 +563,8 @@ class Generation:
             steps = MAX_DECODE_STEPS
         elif streamed:  # the draft's offers join its passes (_offer_drafts)
             steps = self._guarded_steps() if self.guard is not None else MAX_DECODE_STEPS
+            if self._way_on_trial:  # the call ends where the test is judged (_switch_if_losing)
+                steps = min(steps, MIN_PACE_TOKENS - self._way_pace()[0])
         elif plain_rounds > 0:
             steps = min(plain_rounds, self._guarded_steps()) if self.guard is not None else plain_rounds
         else:

@@ -112,8 +112,9 @@ class StreamPaces:
     clearly slow it stops offering after MIN_PACE_TOKENS tokens."""
 
     def __init__(self, weight: float = 0.3, min_interval: int = 4, max_interval: int = 64,
-                 early_end_loss: float = 0.3) -> None:
+                 early_end_loss: float = 0.3, first: bool = True) -> None:
         self.weight = weight
+        self.first = first  # the way measured first
         self.early_end_loss = early_end_loss
         self.min_interval, self.max_interval = min_interval, max_interval
         self.interval = min_interval
@@ -122,13 +123,13 @@ class StreamPaces:
         self._lock = threading.Lock()
 
     def offer_next(self) -> bool:
-        """Whether the next Decode call offers drafts: each way is measured once first (offering
+        """Whether the next Decode call offers drafts: each way is measured once first (`first`
         first), then the faster, and the other at the schedule's tests."""
         with self._lock:
-            if self.seconds[True] is None:
-                return True
-            if self.seconds[False] is None:
-                return False
+            if self.seconds[self.first] is None:
+                return self.first
+            if self.seconds[not self.first] is None:
+                return not self.first
             faster = self.seconds[True] <= self.seconds[False]
             self._since_test += 1
             if self._since_test >= self.interval:
@@ -136,12 +137,19 @@ class StreamPaces:
                 return not faster
             return faster
 
-    def clearly_slower(self, seconds_per_token: float) -> bool:
-        """Whether a call that offers runs slower than calls without offers by more than
-        `early_end_loss`: a test that is losing clearly need not run to its end."""
+    def clearly_slower(self, seconds_per_token: float, offered: bool = True) -> bool:
+        """Whether a call that offers (offered) or not runs slower than calls the other way by
+        more than `early_end_loss`: a test that is losing clearly need not run to its end."""
         with self._lock:
-            plain = self.seconds[False]
-            return plain is not None and seconds_per_token > plain * (1 + self.early_end_loss)
+            other = self.seconds[not offered]
+            return other is not None and seconds_per_token > other * (1 + self.early_end_loss)
+
+    def is_test(self, offered: bool) -> bool:
+        """Whether a call that offers (offered) or not goes against the measurements: the other
+        way is measured, and faster or this way not yet."""
+        with self._lock:
+            mine, other = self.seconds[offered], self.seconds[not offered]
+            return other is not None and (mine is None or mine > other)
 
     def observe(self, offered: bool, seconds_per_token: float) -> None:
         """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS)."""
@@ -162,16 +170,27 @@ class RequestStreaming:
     streaming the whole request (one Decode at a time, the draft's offers in its passes): the one
     whose requests' wall time per token measures lower, the other tried again now and then
     (StreamPaces: True streams), apart for greedy and sampled requests, whose drafts are accepted
-    at different rates."""
+    at different rates. Rounds are measured first: they are the adaptive controller's own choice,
+    and streaming on a draft that shares the target's cores costs a great deal. A request that
+    tests the other way switches for the rest of it, after MIN_PACE_TOKENS tokens, when that way
+    is clearly the slower (StreamPaces.clearly_slower)."""
 
     def __init__(self) -> None:
-        self.paces = {True: StreamPaces(), False: StreamPaces()}  # by greedy
+        self.paces = {True: StreamPaces(first=False), False: StreamPaces(first=False)}  # by greedy
 
     def streams_next(self, greedy: bool) -> bool:
         return self.paces[greedy].offer_next()
 
+    def is_test(self, greedy: bool, streams: bool) -> bool:
+        """Whether a request that streams (or runs rounds) goes against the measurements."""
+        return self.paces[greedy].is_test(streams)
+
+    def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float) -> bool:
+        return self.paces[greedy].clearly_slower(seconds_per_token, streams)
+
     def observe(self, greedy: bool, streamed: bool, seconds_per_token: float) -> None:
-        """A request's wall time per token after its first (MIN_PACE_TOKENS tokens or more)."""
+        """The wall time per token of a request's tokens after its first, or of the part of them
+        it ran one way (MIN_PACE_TOKENS tokens or more)."""
         self.paces[greedy].observe(streamed, seconds_per_token)
 
 

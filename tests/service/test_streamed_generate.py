@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import orchestrator.server
-from orchestrator.pipelining import StreamPaces
+from orchestrator.pipelining import RequestStreaming, StreamPaces
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.delay_proxy import DelayProxyConfig, start_in_thread
@@ -209,6 +209,59 @@ def test_adaptive_requests_are_offered_drafts_under_pipelining_auto(distant_draf
         stretches += stats.decode_calls
     assert stretches > 0 and offers > 0 and passes > 0, (stretches, offers, passes)
     assert chosen == {0.0, 1.0}, chosen  # requests that streamed, and requests in rounds
+
+
+class TrialLosing(RequestStreaming):
+    """Every request starts the way `first` says, as a test that turns out clearly the slower
+    when it is judged: what is tested here is the switch to the other way mid-request."""
+
+    def __init__(self, first: bool) -> None:
+        super().__init__()
+        self.first = first
+        self.judged: list[tuple[bool, bool]] = []  # (greedy, streamed) of each test judged
+
+    def streams_next(self, greedy: bool) -> bool:
+        return self.first
+
+    def is_test(self, greedy: bool, streams: bool) -> bool:
+        return streams == self.first
+
+    def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float) -> bool:
+        self.judged.append((greedy, streams))
+        return True
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["streamed-then-rounds", "rounds-then-streamed"])
+def test_a_request_switches_way_where_its_test_loses(distant_draft_stack, reference_target, first):
+    """Pipelining auto: a request that tests a way (streamed, or the controller's rounds) that
+    turns out clearly the slower after 16 tokens runs the rest of it the other way. Greedy output
+    is the target's, whichever way each token came."""
+    references = []
+    for prompt in _prompts(16):
+        with torch.no_grad():
+            output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=LONG_NEW_TOKENS, do_sample=False,
+                                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        expected = output[0, len(prompt):].tolist()
+        if len(expected) == LONG_NEW_TOKENS:  # long enough to be judged (no early end of sequence)
+            references.append((prompt, expected))
+    assert len(references) >= 3
+    orchestrator_service = distant_draft_stack.orchestrator
+    saved = orchestrator_service.request_streaming
+    orchestrator_service.request_streaming = forced = TrialLosing(first)
+    try:
+        for prompt, expected in references[:3]:
+            speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
+            request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
+                                         speculation=speculation)
+            tokens, _, last = generate(distant_draft_stack.address, request)
+            assert tokens == expected, prompt
+            estimates = dict(last.stats.controller_estimates)
+            assert estimates["auto_switched"] == 1.0 and estimates["auto_streamed"] == float(not first), estimates
+    finally:
+        orchestrator_service.request_streaming = saved
+    assert forced.judged == [(True, first)] * 3  # once a request, its test; never the way it switched to
+    # both ways' tokens were measured: the test's when it lost, the rest's at the request's end
+    assert all(forced.paces[True].seconds[way] is not None for way in (True, False))
 
 
 def test_streamed_sampling_follows_the_target_law(loop_thread, sampled_stack, sampled_pair):

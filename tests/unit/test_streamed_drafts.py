@@ -89,6 +89,19 @@ def test_requests_stream_where_that_is_faster_greedy_and_sampled_apart():
             streams = streaming.streams_next(greedy)
             streaming.observe(greedy, streams, paces[greedy][streams])
             chosen[greedy].append(streams)
-    assert chosen[True][:2] == [True, False] and chosen[False][:2] == [True, False]  # each way measured
+    assert chosen[True][:2] == [False, True] and chosen[False][:2] == [False, True]  # rounds measured first
     assert sum(chosen[True][2:]) >= 90  # greedy requests stream
     assert sum(chosen[False][2:]) <= 8  # sampled ones run rounds
+
+
+def test_a_request_that_tests_the_slower_way_is_told_apart():
+    streaming = RequestStreaming()
+    assert not streaming.is_test(True, False)  # nothing measured: the first request runs rounds
+    assert not streaming.clearly_slower(True, False, 1.0)
+    streaming.observe(True, False, 0.040)  # rounds measured
+    assert streaming.is_test(True, True)  # streaming not yet measured: a test
+    assert streaming.clearly_slower(True, True, 0.060) and not streaming.clearly_slower(True, True, 0.050)
+    assert not streaming.is_test(False, True)  # sampled requests have measured nothing
+    streaming.observe(True, True, 0.030)  # streaming measured faster
+    assert streaming.is_test(True, False) and not streaming.is_test(True, True)
+    assert streaming.clearly_slower(True, False, 0.040) and not streaming.clearly_slower(True, True, 0.035)
