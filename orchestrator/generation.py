@@ -139,6 +139,7 @@ class Generation:
         pipeline: PipelinePolicy | None = None,
         stretch_offers: StreamedDrafts | None = None,
         request_streaming: RequestStreaming | None = None,
+        pipelining_held: bool = False,
     ) -> None:
         if len(request.prompt_token_ids) >= limits.max_context:
             raise OutOfRange(f"the prompt has {len(request.prompt_token_ids)} tokens; the max context "
@@ -152,6 +153,7 @@ class Generation:
         # Pipelining auto: whether this request runs the controller's rounds or streams (with the
         # stretches' offers) is chosen by measured pace; None until chosen, and when not auto.
         self.request_streaming = request_streaming
+        self.pipelining_held = pipelining_held  # auto, held off: the draft shares the target's hardware
         self._streams: bool | None = None
         # Since when (perf_counter, generated tokens) the request has run its present way; whether
         # that way is a test still to be judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
@@ -257,6 +259,8 @@ class Generation:
             for streamed in (self.pipeline, self.stretch_offers):
                 if isinstance(streamed, StreamedDrafts) and self.stats.offers:
                     self.stats.controller_estimates["stream_lookahead"] = streamed.lookahead
+            if self.pipelining_held:
+                self.stats.controller_estimates["draft_shares_compute"] = 1.0
             if self.guard is not None:
                 self.stats.controller_estimates["system_speculating"] = float(self.guard.speculating)
             if self.local_draft is not None:

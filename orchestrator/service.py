@@ -52,6 +52,7 @@ from orchestrator.pipelining import (
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.telemetry import Telemetry
+from specdec.compute_units import shares_compute
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
 from specdec.models import load_tokenizer, tokenizer_from_files, tokenizer_hash
 from specdec.protocol import (
@@ -131,6 +132,11 @@ class OrchestratorService:
         self.stream_paces = StreamPaces()  # whether streamed requests' offers pay (pipelining.py)
         self.stretch_paces = StreamPaces()  # whether offers beside adaptive stretches pay (auto)
         self.request_streaming = RequestStreaming()  # auto: rounds or a streamed request
+        # Pipelining auto holds off where every draft replica computes on every target replica's
+        # hardware (draft_shares_compute); tests that run both on one machine to exercise auto
+        # turn the check off.
+        self.hold_auto_pipelining_on_shared_compute = True
+        self._shared_compute_logged: bool | None = None
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
@@ -273,9 +279,36 @@ class OrchestratorService:
         return AdaptiveKController(controller, priors=self.controller_priors[kind],
                                    lookup_priors=self.lookup_priors[kind], shadow_probes=self.model_draft)
 
+    def draft_shares_compute(self) -> bool:
+        """Whether every draft replica computes on the hardware of every target replica (the same
+        machine, CPUs or GPU in common: specdec/compute_units.py), as their Info reports it. Then
+        whatever the draft computes while the target works is taken from the target: pipelining
+        auto drafts nothing ahead, offers nothing and streams nothing (an explicit `on` or `stream`
+        still does). Logged when the answer changes."""
+        targets = [r.info for r in self.target_pool.replicas.values() if r.info is not None]
+        drafts = [r.info for r in self.draft_pool.replicas.values() if r.info is not None]
+        shared = bool(targets and drafts) and all(
+            shares_compute(t.host_id, t.compute_units, d.host_id, d.compute_units) for t in targets for d in drafts)
+        if shared != self._shared_compute_logged and (targets and drafts):
+            self._shared_compute_logged = shared
+            if shared:
+                log.info("the draft replicas compute on the target replicas' hardware: pipelining auto drafts "
+                         "nothing ahead and offers nothing (give the draft CPUs or a GPU of its own for it to pay)")
+            else:
+                log.info("a draft replica computes on hardware of its own: pipelining auto drafts ahead where "
+                         "that pays")
+        return shared
+
+    def holds_auto_pipelining(self, speculation: Speculation) -> bool:
+        """Pipelining auto, held off for this request: the draft shares the target's hardware."""
+        return ((speculation.pipeline or self.config.pipeline) == "auto"
+                and self.hold_auto_pipelining_on_shared_compute and self.draft_shares_compute())
+
     def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""
         mode = speculation.pipeline or self.config.pipeline
+        if self.holds_auto_pipelining(speculation):
+            return NoPipeline()
         fanout = self.config.pipeline_fanout if speculation.pipeline_fanout is None else speculation.pipeline_fanout
         if not 0 <= fanout <= MAX_PIPELINE_FANOUT:
             raise OutOfRange(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}], got {fanout}")
@@ -298,7 +331,8 @@ class OrchestratorService:
         """Under pipelining auto, an adaptive session's K = 0 stretches (Decode calls) are
         offered the model draft's drafts as streamed requests are, where that pays."""
         mode = speculation.pipeline or self.config.pipeline
-        if mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController):
+        if (mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController)
+                or self.holds_auto_pipelining(speculation)):
             return None
         return StreamedDrafts(min(STRETCH_OFFER_DEPTH, self.config.max_num_speculative_tokens), self.stretch_paces)
 
@@ -332,9 +366,11 @@ class OrchestratorService:
         )
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
         stretch_offers = self.stretch_offers(speculation, policy)
+        held = self.holds_auto_pipelining(speculation)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
                                 self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
                                 guard=self.guard if isinstance(policy, AdaptiveKController) else None,
                                 pipeline=pipeline, stretch_offers=stretch_offers,
-                                request_streaming=self.request_streaming if stretch_offers is not None else None)
+                                request_streaming=self.request_streaming if stretch_offers is not None else None,
+                                pipelining_held=held)
         return recorder.stream(generation.run(), generation.stats)

@@ -270,6 +270,9 @@ class ReplicaInfo:
     pass_rows_total: int = 0
     pass_sessions_total: int = 0
     linear_packing: str = ""  # "any" (oneDNN's), MKL's row counts "8,17", "": none
+    # Where it computes (specdec/compute_units.py): the machine, and "cpu:N" / "cuda:UUID" units.
+    host_id: str = ""
+    compute_units: tuple[str, ...] = ()
 
 
 def check_token_ids(token_ids: Iterable[int], vocab_size: int, what: str) -> None:

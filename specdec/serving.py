@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from specdec import compute_units
 from specdec.errors import InvalidInput, OutOfRange, SessionNotFound, Unavailable
 from specdec.models import LoadedModel
 from specdec.protocol import PROTOCOL_VERSION, Handle, ReplicaInfo, Timing, check_token_ids
@@ -51,6 +52,9 @@ class SessionService(Generic[State]):
         self.store: SessionStore[State] = SessionStore(config.budget, size_of)
         self.worker = ModelWorker(config.max_queue, config.batch, loaded.model)
         self.draining = False  # set on SIGTERM: existing sessions go on, new ones are refused
+        # Where it computes (specdec/compute_units.py), after any --cpus pinning: Info reports it.
+        self.host_id = compute_units.host_id()
+        self.compute_units = compute_units.compute_units(loaded.device)
 
     def check_prompt(self, token_ids: list[int], what: str = "token_ids") -> None:
         if not token_ids:
@@ -136,6 +140,8 @@ class SessionService(Generic[State]):
             max_sessions=self.config.budget.max_sessions,
             max_cached_tokens=self.config.budget.max_cached_tokens,
             linear_packing=loaded.linear_packing,
+            host_id=self.host_id,
+            compute_units=self.compute_units,
             **dataclasses.asdict(self.worker.counters),
         )
 

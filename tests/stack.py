@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,3 +136,16 @@ class SlowPasses(PassSizes):
     def pass_ran(self, rows: int, sessions: int, seconds: float) -> None:
         super().pass_ran(rows, sessions, seconds)
         time.sleep(self.seconds)
+
+
+@contextmanager
+def auto_pipelining_as_on_separate_hardware(orchestrator_service: Any) -> Iterator[None]:
+    """Pipelining auto as though the draft computed on hardware of its own: it holds off where
+    the draft shares the target's CPUs, as every test's services do on one machine; what such a
+    test exercises is what auto does where it does not hold off."""
+    saved = orchestrator_service.hold_auto_pipelining_on_shared_compute
+    orchestrator_service.hold_auto_pipelining_on_shared_compute = False
+    try:
+        yield
+    finally:
+        orchestrator_service.hold_auto_pipelining_on_shared_compute = saved

@@ -77,12 +77,14 @@ def distribution_to_proto(distribution: SparseDistribution) -> common_pb2.Sparse
 def info_to_proto(info: ReplicaInfo) -> common_pb2.InfoResponse:
     # ReplicaInfo's fields are InfoResponse's, name for name.
     values = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
-    return common_pb2.InfoResponse(**{**values, "eos_token_ids": list(info.eos_token_ids)})
+    return common_pb2.InfoResponse(**{**values, "eos_token_ids": list(info.eos_token_ids),
+                                      "compute_units": list(info.compute_units)})
 
 
 def info_from_proto(message: common_pb2.InfoResponse) -> ReplicaInfo:
     values = {f.name: getattr(message, f.name) for f in dataclasses.fields(ReplicaInfo)}
-    return ReplicaInfo(**{**values, "eos_token_ids": tuple(message.eos_token_ids)})
+    return ReplicaInfo(**{**values, "eos_token_ids": tuple(message.eos_token_ids),
+                          "compute_units": tuple(message.compute_units)})
 
 
 def timing_fields(timing: Timing) -> dict[str, float]:

@@ -10,7 +10,7 @@ import pytest
 
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
-from tests.stack import generate
+from tests.stack import auto_pipelining_as_on_separate_hardware, generate
 
 MAX_NEW_TOKENS = 40
 
@@ -80,23 +80,47 @@ def test_every_round_hits_when_the_draft_is_the_target(stack_same):
     assert checked > 0
 
 
-def test_auto_pipelining_under_adaptive_k_keeps_greedy_output_exact(stack, reference_target):
-    """Adaptive K with pipeline auto: the controller decides per round whether to draft ahead;
-    whatever it decides, greedy output is the target's own."""
+def _adaptive_auto_cases(reference_target, count: int = 3):
+    """(prompt, the target's own greedy output, an adaptive K request under pipelining auto)."""
     import torch
 
-    for prompt in _prompts(3):
+    for prompt in _prompts(count):
         with torch.no_grad():
             output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        expected = output[0, len(prompt):].tolist()
         request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=MAX_NEW_TOKENS,
                                      speculation=pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE,
                                                                       pipeline=pb.PIPELINE_MODE_AUTO))
-        tokens, _, last = generate(stack.address, request)
+        yield prompt, output[0, len(prompt):].tolist(), request
+
+
+def test_auto_pipelining_under_adaptive_k_keeps_greedy_output_exact(stack, reference_target):
+    """Adaptive K with pipeline auto: the controller decides per round whether to draft ahead;
+    whatever it decides, greedy output is the target's own."""
+    for _, expected, request in _adaptive_auto_cases(reference_target):
+        with auto_pipelining_as_on_separate_hardware(stack.orchestrator):
+            tokens, _, last = generate(stack.address, request)
         assert tokens == expected
         if last.stats.rounds:
             assert "pipeline_hit_rate" in last.stats.controller_estimates, dict(last.stats.controller_estimates)
+
+
+def test_auto_pipelining_holds_off_where_the_draft_shares_the_target_hardware(stack, reference_target):
+    """In one process draft and target compute on the same CPUs, as their Info says: pipelining
+    auto drafts nothing ahead, offers nothing and streams nothing there, and says so in the
+    stats; an explicit `on` still drafts ahead. Greedy output is the target's either way."""
+    assert stack.orchestrator.draft_shares_compute()
+    for prompt, expected, request in _adaptive_auto_cases(reference_target):
+        tokens, _, last = generate(stack.address, request)
+        assert tokens == expected
+        estimates = dict(last.stats.controller_estimates)
+        assert estimates["draft_shares_compute"] == 1.0 and "auto_streamed" not in estimates, estimates
+        assert "pipeline_hit_rate" not in estimates, estimates
+        assert last.stats.pipelined_rounds == 0 and last.stats.offers == 0, last.stats
+        ahead, _, on = generate(stack.address, _request(prompt, 3, pb.PIPELINE_MODE_ON, 1))
+        assert ahead == expected
+        if on.stats.rounds >= 2:
+            assert on.stats.pipelined_rounds > 0, on.stats
 
 
 def test_sampled_bonus_is_always_a_hit_when_the_draft_is_the_target(stack_same):

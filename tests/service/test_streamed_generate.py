@@ -30,7 +30,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 from tests import tiny_models
 from tests.process_groups import run_specdec
 from tests.service import test_sampling_services as sampling
-from tests.stack import SlowPasses, generate, start_target
+from tests.stack import SlowPasses, auto_pipelining_as_on_separate_hardware, generate, start_target
 
 MAX_NEW_TOKENS = 40
 LONG_NEW_TOKENS = 64  # adaptive K reaches its stretches after a few rounds
@@ -105,7 +105,8 @@ def distant_draft_stack(loop_thread, tiny_pair):
     for stack in _start(loop_thread, tiny_pair.target_dir, tiny_pair.draft_dir, top_m=64, num_speculative_tokens=3,
                         draft_delay_ms=30.0):
         stack.orchestrator.stream_paces = stack.orchestrator.stretch_paces = AlwaysOffering()
-        yield stack
+        with auto_pipelining_as_on_separate_hardware(stack.orchestrator):  # what auto does there
+            yield stack
 
 
 @pytest.fixture(scope="module")
