@@ -530,7 +530,10 @@ class AdaptiveKController:
                 factor = min(PLAIN_FACTOR_RANGE[1], max(PLAIN_FACTOR_RANGE[0], seconds_per_token / predicted))
                 self._plain_factor.update(factor, self._round)
         if self._priors is not None:
-            self._priors.update(self._session_estimates())
+            # A stretch measures timings, not acceptance: sending the session's alpha again with
+            # each stretch would pull the pool towards whatever a session at K = 0 measured last
+            # (often a few rejected rounds at the start of an answer), and new sessions with it.
+            self._priors.update(replace(self._session_estimates(), alpha=None))
 
     def pipeline(self, max_fanout: int, priors: PipelinePriors | None = None) -> PipelinePolicy:
         """Drafting ahead chosen with K from this session's estimates (pipeline auto)."""

@@ -221,3 +221,19 @@ def test_fixed_k0_commits_to_a_whole_decode_and_fixed_k_to_none() -> None:
     assert isinstance(FixedK(0), PlainStretches)
     assert FixedK(0).plain_rounds() == MAX_DECODE_STEPS
     assert FixedK(3).plain_rounds() == 0
+
+
+def test_stretches_do_not_pull_the_pool_alpha_towards_a_stale_estimate() -> None:
+    """A session that went to K = 0 after poorly accepted rounds measures no acceptance in its
+    stretches: they teach the pool their pace, not that session's last alpha again."""
+    priors = ControllerPriors(initial=PriorEstimates(alpha=0.6))
+    world = slow_draft_hop()
+    controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX), priors=priors)
+    play(controller, SimulatedServices(0), replace(world, alpha=0.05), 12)
+    session_alpha = controller.estimates()["alpha"]
+    after_rounds = priors.snapshot().alpha
+    assert after_rounds is not None and session_alpha < after_rounds < 0.6  # the rounds measured it
+    for _ in range(40):
+        controller.observe_plain(8, 0.04)
+    assert priors.snapshot().alpha == after_rounds
+    assert priors.snapshot().plain_factor is not None  # the stretches' pace did reach the pool
