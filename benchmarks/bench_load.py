@@ -844,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
             cells = run_cells(address, replicas, config, prompts, progress, eta)
         finally:
             replicas.close()
+        # What the speculation guard decided, test by test: why an adaptive cell ran as it did.
+        guard_log = [line.strip() for line in services["orchestrator"].output().splitlines()
+                     if "speculation guard:" in line]
     hf: dict = {}
     if not config.skip_hf:
         common.note("services stopped; Hugging Face batched generate on the target, in-process...")
@@ -871,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
         "comparisons": comparisons(cells, hf, config),
         "goals": goal_rows,
         "itl_p99_vs_one_stream": itl_rows,
+        "guard_log": guard_log,
         "table_markdown": render_cells(cells, hf, config, markdown=True),
     }
     json_path, md_path = common.write_results(config.out, f"load-{config.name}", data, "\n\n".join(md_parts))

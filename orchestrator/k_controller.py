@@ -803,7 +803,10 @@ class AdaptiveKController:
             self._rounds_since_probe = 0
             self._space_probes()
         elif self._num_speculative_tokens == 0 and previous_k != 0:
-            self._rounds_since_probe = 0
+            # Drafting just stopped, on a few rounds' evidence. A probe beside the first stretch
+            # costs no round and checks that evidence before a whole interval goes by at K = 0;
+            # a probe round costs one, and waits for the interval.
+            self._rounds_since_probe = self._probe_interval if self._shadows else 0
         elif self._num_speculative_tokens == 0 and observed_k == 0:
             self._rounds_since_probe += 1
 

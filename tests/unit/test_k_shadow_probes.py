@@ -278,3 +278,17 @@ def test_a_fit_left_by_cold_passes_is_corrected_by_the_stretches_passes() -> Non
     drafting, corrected = after_a_cold_start(passes=True)
     assert sum(k > 0 for k in drafting[-1000:]) > 900
     assert corrected.estimates()["verify_a"] < 2 * world.verify(1)
+
+
+def test_the_first_stretch_after_drafting_stops_carries_a_probe() -> None:
+    """Drafting stops on a few rounds' evidence (the start of an answer the draft guesses badly):
+    the first stretch at K = 0 is already tested beside it, not only the one after a whole
+    interval; a session that probes in rounds waits the interval for its probe round."""
+    for shadows in (True, False):
+        controller = AdaptiveKController(CONFIG, shadow_probes=shadows)
+        services, rounds = SimulatedServices(0), 0
+        while controller.plain_rounds(shadow=shadows) == 0:
+            controller.observe(services.round(controller.choose(K_MAX), Conditions(alpha=0.02, decodes=True)))
+            rounds += 1
+            assert rounds < 100, "drafting never stopped"
+        assert controller.shadow_probe() == (SHADOW_K if shadows else 0)
