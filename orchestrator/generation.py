@@ -582,12 +582,14 @@ class Generation:
 
     def _guarded_steps(self) -> int:
         """Tokens to decode under the guard: as many as fit before its answer may change (at the
-        pace of this request's last Decode), so that its next test finds the session between
-        calls; GUARDED_DECODE_STEPS before any pace is known, unless nothing is due (a lone
-        session's stretches are not cut for a test that will not come)."""
+        pace of this request's last Decode, or before it has one the sessions' recent pace), so
+        that its next test finds the session between calls; GUARDED_DECODE_STEPS before any pace
+        is known, unless nothing is due (a lone session's stretches are not cut for a test that
+        will not come)."""
         if self.guard is None:
             return GUARDED_DECODE_STEPS
-        return guarded_decode_steps(self.guard.seconds_until_change(), self._decode_token_seconds)
+        pace = self._decode_token_seconds if self._decode_token_seconds is not None else self.guard.decode_pace
+        return guarded_decode_steps(self.guard.seconds_until_change(), pace)
 
     async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int) -> AsyncIterator[tuple[int, ...]]:
         """The Decode's tokens, each a K = 0 round in the stats (under sampling their p(y) kept
@@ -622,6 +624,8 @@ class Generation:
             self._decoded_in_call = decoded
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
+                if self.guard is not None:
+                    self.guard.observe_decode_pace(self._decode_token_seconds)
                 if planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
                     passes = None

@@ -129,8 +129,10 @@ class OrchestratorService:
         # a lookup's acceptance by match length (orchestrator/lookup_policy.py), greedy and sampled
         self.lookup_priors = {"greedy": LookupPriors(), "sampled": LookupPriors()}
         self.pipeline_priors = {"greedy": PipelinePriors(), "sampled": PipelinePriors()}
-        self.stream_paces = StreamPaces()  # whether streamed requests' offers pay (pipelining.py)
-        self.stretch_paces = StreamPaces()  # whether offers beside adaptive stretches pay (auto)
+        # Whether streamed requests' offers pay (pipelining.py), and offers beside adaptive
+        # stretches (auto): by greedy, since greedy and sampled drafts are accepted at different rates.
+        self.stream_paces = {True: StreamPaces(), False: StreamPaces()}
+        self.stretch_paces = {True: StreamPaces(), False: StreamPaces()}
         self.request_streaming = RequestStreaming()  # auto: rounds or a streamed request
         # Pipelining auto holds off where every draft replica computes on every target replica's
         # hardware (draft_shares_compute); tests that run both on one machine to exercise auto
@@ -284,7 +286,8 @@ class OrchestratorService:
         machine, CPUs or GPU in common: specdec/compute_units.py), as their Info reports it. Then
         whatever the draft computes while the target works is taken from the target: pipelining
         auto drafts nothing ahead, offers nothing and streams nothing (an explicit `on` or `stream`
-        still does). Logged when the answer changes."""
+        still does), and under load the speculation guard tests speculating later and more seldom.
+        Logged when the answer changes."""
         targets = [r.info for r in self.target_pool.replicas.values() if r.info is not None]
         drafts = [r.info for r in self.draft_pool.replicas.values() if r.info is not None]
         shared = bool(targets and drafts) and all(
@@ -293,7 +296,8 @@ class OrchestratorService:
             self._shared_compute_logged = shared
             if shared:
                 log.info("the draft replicas compute on the target replicas' hardware: pipelining auto drafts "
-                         "nothing ahead and offers nothing (give the draft CPUs or a GPU of its own for it to pay)")
+                         "nothing ahead, and under load speculation is tested seldom (give the draft CPUs or a "
+                         "GPU of its own for either to pay)")
             else:
                 log.info("a draft replica computes on hardware of its own: pipelining auto drafts ahead where "
                          "that pays")
@@ -320,21 +324,22 @@ class OrchestratorService:
             # Branches only where the request asks for them: on the default pair they earned
             # nothing greedy and cost sampled output 2 % (docs/architecture.md, "Pipelining").
             branches = speculation.pipeline_fanout or 0
-            return StreamedDrafts(depth, self.stream_paces, fanout=branches) if depth > 0 else NoPipeline()
+            return StreamedDrafts(depth, self.stream_paces[greedy], fanout=branches) if depth > 0 else NoPipeline()
         if fanout == 0:
             return NoPipeline()
         if mode == "auto" and isinstance(policy, AdaptiveKController):
             return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)
 
-    def stretch_offers(self, speculation: Speculation, policy: KPolicy) -> StreamedDrafts | None:
+    def stretch_offers(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> StreamedDrafts | None:
         """Under pipelining auto, an adaptive session's K = 0 stretches (Decode calls) are
         offered the model draft's drafts as streamed requests are, where that pays."""
         mode = speculation.pipeline or self.config.pipeline
         if (mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController)
                 or self.holds_auto_pipelining(speculation)):
             return None
-        return StreamedDrafts(min(STRETCH_OFFER_DEPTH, self.config.max_num_speculative_tokens), self.stretch_paces)
+        return StreamedDrafts(min(STRETCH_OFFER_DEPTH, self.config.max_num_speculative_tokens),
+                              self.stretch_paces[greedy])
 
     def generate(
         self,
@@ -365,8 +370,9 @@ class OrchestratorService:
             cache_partition=partition,
         )
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
-        stretch_offers = self.stretch_offers(speculation, policy)
+        stretch_offers = self.stretch_offers(speculation, policy, greedy=sampling.greedy)
         held = self.holds_auto_pipelining(speculation)
+        self.guard.set_shares_compute(self.draft_shares_compute())
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
                                 self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
                                 guard=self.guard if isinstance(policy, AdaptiveKController) else None,

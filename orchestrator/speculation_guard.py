@@ -21,7 +21,10 @@ discarded. The time between tests is time under load: while fewer than two sessi
 schedule's clock stands still, so a load that comes and goes (bursts of requests with quiet in
 between) resumes the schedule where it stopped instead of paying a test at every burst. With
 fewer than two sessions (for longer than a window: not the gap between a client's requests) the
-guard stays out of the way: a lone session's own K = 0 probes already measure the truth. Nothing
+guard stays out of the way: a lone session's own K = 0 probes already measure the truth. Where
+the replicas' Info says the draft computes on the target's hardware, speculating under load pays
+only by exception (every draft pass is taken from a busy target), so the first test comes after
+30 s of load rather than 1 s and tests keep to 1 % of the time rather than 2.5 %. Nothing
 here is a setting a user tunes: the windows, the margin and the share only decide how quickly and
 how surely a measured difference is acted on, and at what cost.
 
@@ -56,6 +59,11 @@ class GuardConfig:
     # kept mode's rate would have by more than early_end_loss: a clear loss need not run in full.
     early_end_share: float = 0.5
     early_end_loss: float = 0.35
+    # Where the draft computes on the target's hardware (SpeculationGuard.shares_compute), every
+    # draft pass under load is taken from a busy target: speculating there pays only by exception,
+    # so the first test waits longer and tests cost a smaller share of the time between them.
+    shared_first_test_seconds: float = 30.0
+    shared_test_cost_share: float = 0.01
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0 or self.settle_seconds < 0 or self.margin < 0:
@@ -68,6 +76,10 @@ class GuardConfig:
             raise ValueError("test_cost_share must be in (0, 1)")
         if not 0 < self.early_end_share <= 1 or not 0 < self.early_end_loss < 1:
             raise ValueError("early_end_share must be in (0, 1], early_end_loss in (0, 1)")
+        if not 0 < self.shared_first_test_seconds <= self.max_interval_seconds:
+            raise ValueError("need 0 < shared_first_test_seconds <= max_interval_seconds")
+        if not 0 < self.shared_test_cost_share < 1:
+            raise ValueError("shared_test_cost_share must be in (0, 1)")
 
 
 @dataclass
@@ -112,6 +124,11 @@ class SpeculationGuard:
         # until the first test, sessions run at K = 0 (a lone session is not held back).
         self.speculating = False
         self.last_decision: GuardDecision | None = None
+        # Whether the draft computes on the target's hardware (set_shares_compute).
+        self.shares_compute = False
+        # Wall time per token of the sessions' Decode calls, smoothed: how many tokens a session's
+        # first call fits before the answer may change, before it has a pace of its own.
+        self.decode_pace: float | None = None
         self._active = 0
         self._interval = config.first_test_seconds
         # The schedule runs on a clock of seconds under load (min_sessions or more), not wall time.
@@ -193,6 +210,23 @@ class SpeculationGuard:
             return self._loaded_seconds
         return self._loaded_seconds + (now - self._loaded_since)
 
+    def observe_decode_pace(self, seconds_per_token: float, weight: float = 0.3) -> None:
+        old = self.decode_pace
+        self.decode_pace = seconds_per_token if old is None else old + weight * (seconds_per_token - old)
+
+    def set_shares_compute(self, shared: bool) -> None:
+        """Whether the draft computes on the target's hardware, as the replicas' Info says
+        (OrchestratorService.draft_shares_compute). A first test already scheduled moves with it."""
+        if shared == self.shares_compute:
+            return
+        before = self._first_test_seconds()
+        self.shares_compute = shared
+        if self._next_test is not None and self._windows is None and self.last_decision is None:
+            self._next_test += self._first_test_seconds() - before
+
+    def _first_test_seconds(self) -> float:
+        return self.config.shared_first_test_seconds if self.shares_compute else self.config.first_test_seconds
+
     def _load_gone(self, now: float) -> bool:
         """Fewer than min_sessions for longer than a window (not a closed-loop client's gap
         between one request and its next)."""
@@ -216,7 +250,7 @@ class SpeculationGuard:
             self._loaded_since = now
         loaded = self._loaded_clock(now)
         if self._next_test is None:  # the first load, or one back after a test it broke off: test soon
-            self._next_test = loaded + config.first_test_seconds
+            self._next_test = loaded + self._first_test_seconds()
         if self._windows is None and loaded >= self._next_test:
             first = now + config.settle_seconds
             second = first + config.window_seconds + config.settle_seconds
@@ -241,15 +275,15 @@ class SpeculationGuard:
         speculating_rate, off_rate = (kept.rate, other.rate) if self.speculating else (other.rate, kept.rate)
         if other.rate > kept.rate * (1.0 + config.margin):
             self.speculating = not self.speculating
-            self._interval = config.first_test_seconds
+            self._interval = self._first_test_seconds()
         else:
             # The other window (and its settling) ran at other.rate instead of kept.rate. The wait
             # is set by what a whole test in the losing mode costs, so a test that ended early
             # costs less than its share, and does not come any sooner.
             loss = max(0.0, 1.0 - other.rate / kept.rate) if kept.rate > 0 else 0.0
             cost = loss * (config.window_seconds + config.settle_seconds)
-            self._interval = min(max(2.0 * self._interval, cost / config.test_cost_share),
-                                 config.max_interval_seconds)
+            share = config.shared_test_cost_share if self.shares_compute else config.test_cost_share
+            self._interval = min(max(2.0 * self._interval, cost / share), config.max_interval_seconds)
         self.last_decision = GuardDecision(speculating_rate, off_rate, self.speculating)
         self._next_test = loaded + self._interval
         log.info("speculation guard: %.1f tokens/s speculating, %.1f at K = 0 (%.1f sessions): %s; "

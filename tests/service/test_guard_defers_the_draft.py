@@ -87,3 +87,24 @@ def test_a_request_started_at_k0_attaches_its_draft_when_speculation_is_allowed(
         assert ks[0] == 0 and any(k > 0 for k in ks)
     finally:
         loop_thread.run(running.stop())
+
+
+def test_a_request_under_the_guard_decodes_as_far_as_the_sessions_pace_allows(loop_thread, tiny_pair, references):
+    """Held at K = 0 under load, a request's first Decode asks for as many tokens as fit before
+    the guard's answer may change at the sessions' recent pace (one call for the whole answer
+    here), not for a few tokens as it must when no pace is known yet."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, "model"))
+    try:
+        adaptive = Speculation(mode="adaptive")
+        prompt, expected = next(iter(references.items()))
+        calls = {}
+        for known in (False, True):
+            guard = running.service.guard = _guard_at_k0(sessions=3)
+            if known:
+                guard.observe_decode_pace(0.01)  # the other sessions' calls: 10 ms a token
+            tokens, stats = loop_thread.run(_generate(running.service, prompt, speculation=adaptive))
+            assert tokens == expected
+            calls[known] = stats.decode_calls
+        assert calls[True] == 1 < calls[False], calls
+    finally:
+        loop_thread.run(running.stop())

@@ -104,7 +104,8 @@ def distant_draft_stack(loop_thread, tiny_pair):
     drafted from its C arrives, so offers carry branches."""
     for stack in _start(loop_thread, tiny_pair.target_dir, tiny_pair.draft_dir, top_m=64, num_speculative_tokens=3,
                         draft_delay_ms=30.0):
-        stack.orchestrator.stream_paces = stack.orchestrator.stretch_paces = AlwaysOffering()
+        stack.orchestrator.stream_paces = stack.orchestrator.stretch_paces = {True: AlwaysOffering(),
+                                                                              False: AlwaysOffering()}
         with auto_pipelining_as_on_separate_hardware(stack.orchestrator):  # what auto does there
             yield stack
 

@@ -307,3 +307,34 @@ def test_a_decode_under_the_guard_runs_up_to_its_next_change():
     assert guarded_decode_steps(due, due / 5.5) == 5
     assert guarded_decode_steps(due, due * 10) == 1
     assert guarded_decode_steps(due, due / 1000) == MAX_DECODE_STEPS
+
+
+def test_where_the_draft_shares_the_target_hardware_tests_come_later_and_seldom():
+    """The draft on the target's CPUs: under load every draft pass is taken from the target, so
+    the guard waits longer for its first test and keeps tests to a smaller share of the time;
+    where speculating does pay there it still finds out, a test later."""
+    config = GuardConfig()
+    decided = {}
+    for shared in (False, True):
+        clock = Clock()
+        guard = _guard(clock, sessions=8)
+        guard.set_shares_compute(shared)  # after the load came: the first test moves with it
+        times, last = [], None
+        while clock.now < 300.0:
+            _simulate(guard, clock, 8, 0.5, rate_speculating=4.0, rate_off=12.0)
+            if guard.last_decision is not last:
+                times.append(clock.now)
+                last = guard.last_decision
+        decided[shared] = times
+    assert decided[False][0] < config.first_test_seconds + 6.0 < config.shared_first_test_seconds < decided[True][0]
+    assert len(decided[True]) < len(decided[False])
+    loss = 1.0 - 4.0 / 12.0
+    gaps = [later - earlier for earlier, later in itertools.pairwise(decided[True])]
+    assert all(gap >= min(config.max_interval_seconds,
+                          loss * (config.window_seconds + config.settle_seconds) / config.shared_test_cost_share)
+               for gap in gaps)
+    clock = Clock()
+    guard = _guard(clock, sessions=4)
+    guard.set_shares_compute(True)
+    _simulate(guard, clock, 4, config.shared_first_test_seconds + 10.0, rate_speculating=15.0, rate_off=10.0)
+    assert guard.speculating
