@@ -99,7 +99,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                     for r in sorted(pool.replicas.values(), key=lambda r: r.address)
                 ],
             ))
-        return pb.PoolsResponse(pools=pools)
+        return pb.PoolsResponse(pools=pools, draft_shares_compute=self.service.draft_shares_compute())
 
 
 def _response(chunk: Chunk) -> pb.GenerateResponse:

@@ -50,6 +50,9 @@ def pools_table(response: pb.PoolsResponse) -> str:
         for r in pool.replicas:
             rows.append((pool.role, r.address, r.replica_id or "-", _yes(r.healthy), _yes(r.accepting),
                          str(r.active_sessions), f"{r.load:.2f}", r.model_id or "-"))
+    if response.draft_shares_compute:
+        summaries.append("the draft replicas compute on the target replicas' hardware: pipelining auto holds "
+                         "off, and under load speculation is tested seldom")
     table = format_table(COLUMNS, rows, left_columns=len(COLUMNS), rule=False)
     return "\n".join([*summaries, "", table])
 

@@ -225,7 +225,9 @@ class PoolStatus(_message.Message):
     def __init__(self, role: _Optional[str] = ..., source: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
 
 class PoolsResponse(_message.Message):
-    __slots__ = ("pools",)
+    __slots__ = ("pools", "draft_shares_compute")
     POOLS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_SHARES_COMPUTE_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ...) -> None: ...
+    draft_shares_compute: bool
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., draft_shares_compute: _Optional[bool] = ...) -> None: ...

@@ -14,6 +14,7 @@ import pytest
 from specdec import compute_units
 from specdec.v1 import common_pb2, draft_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 from specdec_cli.processes import start_service
 from specdec_cli.stack import stop_services
 from tests.stack import generate
@@ -60,3 +61,6 @@ def test_auto_pipelines_where_draft_and_target_have_cpus_of_their_own(pinned_ser
     assert "auto_streamed" in estimates, estimates  # auto chose rounds or streaming for it
     log = services["orchestrator"].output()
     assert "computes on hardware of its own" in log, log[-2000:]
+    with grpc.insecure_channel(services["orchestrator"].address) as channel:
+        response = orchestrator_pb2_grpc.OrchestratorStub(channel).Pools(pb.PoolsRequest(), timeout=30)
+    assert not response.draft_shares_compute and {pool.role for pool in response.pools} == {"draft", "target"}

@@ -82,3 +82,15 @@ def test_an_unreachable_orchestrator(capsys):
         address = f"127.0.0.1:{unused.getsockname()[1]}"
     assert main(["pools", "--orchestrator", address, "--timeout", "2"]) == 1
     assert "UNAVAILABLE" in capsys.readouterr().err
+
+
+def test_a_draft_on_the_target_hardware_is_said_in_the_table():
+    from specdec_cli.pools_cmd import pools_table
+
+    shared = pb.PoolsResponse()
+    shared.CopyFrom(RESPONSE)
+    shared.draft_shares_compute = True
+    lines = pools_table(shared).splitlines()
+    assert lines[2] == ("the draft replicas compute on the target replicas' hardware: pipelining auto holds off, "
+                        "and under load speculation is tested seldom")
+    assert "hardware" not in pools_table(RESPONSE)

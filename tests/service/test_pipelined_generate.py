@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 
+import grpc
 import pytest
 
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 from tests.stack import auto_pipelining_as_on_separate_hardware, generate
 
 MAX_NEW_TOKENS = 40
@@ -110,6 +112,8 @@ def test_auto_pipelining_holds_off_where_the_draft_shares_the_target_hardware(st
     auto drafts nothing ahead, offers nothing and streams nothing there, and says so in the
     stats; an explicit `on` still drafts ahead. Greedy output is the target's either way."""
     assert stack.orchestrator.draft_shares_compute()
+    with grpc.insecure_channel(stack.address) as channel:  # and the Pools RPC says so
+        assert orchestrator_pb2_grpc.OrchestratorStub(channel).Pools(pb.PoolsRequest(), timeout=30).draft_shares_compute
     for prompt, expected, request in _adaptive_auto_cases(reference_target):
         tokens, _, last = generate(stack.address, request)
         assert tokens == expected
