@@ -303,19 +303,22 @@ class OrchestratorService:
                          "that pays")
         return shared
 
-    def holds_auto_pipelining(self, speculation: Speculation) -> bool:
-        """Pipelining auto, held off for this request: the draft shares the target's hardware."""
+    def holds_auto_pipelining(self, speculation: Speculation, shared: bool) -> bool:
+        """Pipelining auto, held off for this request: the draft shares the target's hardware
+        (shared: draft_shares_compute(), asked once per request)."""
         return ((speculation.pipeline or self.config.pipeline) == "auto"
-                and self.hold_auto_pipelining_on_shared_compute and self.draft_shares_compute())
+                and self.hold_auto_pipelining_on_shared_compute and shared)
 
-    def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> PipelinePolicy:
-        """Whether and how widely a request drafts ahead (orchestrator/pipelining.py)."""
+    def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True,
+                 held: bool = False) -> PipelinePolicy:
+        """Whether and how widely a request drafts ahead (orchestrator/pipelining.py); held:
+        pipelining auto holds off for it (holds_auto_pipelining)."""
         mode = speculation.pipeline or self.config.pipeline
-        if self.holds_auto_pipelining(speculation):
-            return NoPipeline()
         fanout = self.config.pipeline_fanout if speculation.pipeline_fanout is None else speculation.pipeline_fanout
         if not 0 <= fanout <= MAX_PIPELINE_FANOUT:
             raise OutOfRange(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}], got {fanout}")
+        if held:
+            return NoPipeline()
         if mode == "off" or self.draft_method != "model":
             return NoPipeline()  # a lookup answers at once: nothing to draft ahead of
         if mode == "stream":
@@ -331,12 +334,13 @@ class OrchestratorService:
             return policy.pipeline(fanout, self.pipeline_priors["greedy" if greedy else "sampled"])
         return FixedPipeline(fanout)
 
-    def stretch_offers(self, speculation: Speculation, policy: KPolicy, greedy: bool = True) -> StreamedDrafts | None:
+    def stretch_offers(self, speculation: Speculation, policy: KPolicy, greedy: bool = True,
+                       held: bool = False) -> StreamedDrafts | None:
         """Under pipelining auto, an adaptive session's K = 0 stretches (Decode calls) are
-        offered the model draft's drafts as streamed requests are, where that pays."""
+        offered the model draft's drafts as streamed requests are, where that pays (not when
+        held: holds_auto_pipelining)."""
         mode = speculation.pipeline or self.config.pipeline
-        if (mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController)
-                or self.holds_auto_pipelining(speculation)):
+        if mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController) or held:
             return None
         return StreamedDrafts(min(STRETCH_OFFER_DEPTH, self.config.max_num_speculative_tokens),
                               self.stretch_paces[greedy])
@@ -356,7 +360,9 @@ class OrchestratorService:
         with bearer tokens configured, a digest of the request's token; "" otherwise."""
         arrived = time.perf_counter()
         policy = self.policy(speculation, greedy=sampling.greedy)
-        pipeline = self.pipeline(speculation, policy, greedy=sampling.greedy)
+        shared = self.draft_shares_compute()
+        held = self.holds_auto_pipelining(speculation, shared)
+        pipeline = self.pipeline(speculation, policy, greedy=sampling.greedy, held=held)
         if any(not s for s in stop):
             raise InvalidInput("stop strings must not be empty")
         if stop and self.tokenizer is None:
@@ -370,9 +376,8 @@ class OrchestratorService:
             cache_partition=partition,
         )
         recorder = self.telemetry.request(len(request.prompt_token_ids), arrived)
-        stretch_offers = self.stretch_offers(speculation, policy, greedy=sampling.greedy)
-        held = self.holds_auto_pipelining(speculation)
-        self.guard.set_shares_compute(self.draft_shares_compute())
+        stretch_offers = self.stretch_offers(speculation, policy, greedy=sampling.greedy, held=held)
+        self.guard.set_shares_compute(shared)
         generation = Generation(request, policy, self.target_pool, self.draft_pool, self.tokenizer,
                                 self.limits(), observer=recorder, local_draft=self.local_drafts.session(partition),
                                 guard=self.guard if isinstance(policy, AdaptiveKController) else None,
