@@ -211,7 +211,9 @@ class Generation:
                     shadow = self._take_shadow_probe(plain_rounds)
                     offered = self._offered_stretch()
                 decoded: Chunk | None = None
-                offers = offered is not None and offered.paces.offer_next()
+                # A streamed request under auto always offers: RequestStreaming chose it for its
+                # offers; a K = 0 stretch offers where its Decode calls measure that faster.
+                offers = offered is not None and (bool(self._streams) or offered.paces.offer_next())
                 decoding = self._decode(plain_rounds, streamed=streamed is not None)
                 self._offers_stopped = False
                 offering = asyncio.create_task(self._offer_drafts(offered, shadow)) if offers else None
@@ -236,7 +238,8 @@ class Generation:
                         (ended,) = await asyncio.gather(offering, return_exceptions=True)
                         if isinstance(ended, Exception):  # offers are an optimisation: the Decode went on
                             log.warning("offering drafts to the target failed: %s", ended)
-                if offered is not None and self._decoded_in_call >= MIN_PACE_TOKENS and not self._offers_stopped:
+                if (offered is not None and not self._streams and self._decoded_in_call >= MIN_PACE_TOKENS
+                        and not self._offers_stopped):
                     assert self._decode_token_seconds is not None
                     offered.paces.observe(offers, self._decode_token_seconds)
                 if decoded is None:
@@ -394,7 +397,8 @@ class Generation:
         reach past where the target is expected to be by the time they arrive, and offers them to
         the target. A probe beside the stretch (shadow) goes out between these draft calls when
         the stretch reaches its start, so the draft session sees C only grow. Ends when the draft
-        is gone or the offers clearly slow the Decode (it goes on alone), or when cancelled."""
+        is gone or the offers clearly slow a stretch's Decode (it goes on alone; a streamed
+        request's offers are judged by its test, _switch_if_losing), or when cancelled."""
         async def offer(drafted: DraftOffer) -> None:
             held, length = await self.replicas.offer(drafted)
             if held and not drafted.branches:  # the same drafts' own offer measured it
@@ -415,7 +419,7 @@ class Generation:
                     await self._grew.wait()
                     continue
                 decoded = len(self.committed) - first
-                if decoded >= MIN_PACE_TOKENS:
+                if decoded >= MIN_PACE_TOKENS and not self._streams:  # a streamed request's own test judges it
                     pace = (time.perf_counter() - started) / decoded
                     if streamed.paces.clearly_slower(pace):  # the rest of the call decodes alone
                         streamed.paces.observe(True, pace)

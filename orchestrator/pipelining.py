@@ -112,9 +112,12 @@ class StreamPaces:
     clearly slow it stops offering after MIN_PACE_TOKENS tokens."""
 
     def __init__(self, weight: float = 0.3, min_interval: int = 4, max_interval: int = 64,
-                 early_end_loss: float = 0.3, first: bool = True) -> None:
+                 early_end_loss: float = 0.3, first: bool = True, margin: float = 0.0) -> None:
         self.weight = weight
         self.first = first  # the way measured first
+        # The other way is taken as the faster only when its pace is below the first's by more
+        # than this fraction (0: whichever measures lower).
+        self.margin = margin
         self.early_end_loss = early_end_loss
         self.min_interval, self.max_interval = min_interval, max_interval
         self.interval = min_interval
@@ -130,12 +133,19 @@ class StreamPaces:
                 return self.first
             if self.seconds[not self.first] is None:
                 return not self.first
-            faster = self.seconds[True] <= self.seconds[False]
+            faster = self._faster()
             self._since_test += 1
             if self._since_test >= self.interval:
                 self._since_test = 0
                 return not faster
             return faster
+
+    def _faster(self) -> bool:
+        """The way that measures faster (both measured; the lock held): the first way unless
+        the other measures lower by more than the margin."""
+        first, other = self.seconds[self.first], self.seconds[not self.first]
+        assert first is not None and other is not None
+        return (not self.first) if other < first * (1 - self.margin) else self.first
 
     def clearly_slower(self, seconds_per_token: float, offered: bool = True) -> bool:
         """Whether a call that offers (offered) or not runs slower than calls the other way by
@@ -149,17 +159,19 @@ class StreamPaces:
         way is measured, and faster or this way not yet."""
         with self._lock:
             mine, other = self.seconds[offered], self.seconds[not offered]
-            return other is not None and (mine is None or mine > other)
+            if other is None:
+                return False
+            return mine is None or self._faster() != offered
 
     def observe(self, offered: bool, seconds_per_token: float) -> None:
         """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS)."""
         with self._lock:
             before = self.seconds[True] is not None and self.seconds[False] is not None
-            faster = before and self.seconds[True] <= self.seconds[False]
+            faster = before and self._faster()
             old = self.seconds[offered]
             smoothed = seconds_per_token if old is None else old + self.weight * (seconds_per_token - old)
             self.seconds[offered] = smoothed
-            if before and faster != (self.seconds[True] <= self.seconds[False]):
+            if before and faster != self._faster():
                 self.interval = self.min_interval  # flipped: test the loser soon again
             elif before and offered != faster:
                 self.interval = min(self.max_interval, 2 * self.interval)  # a test confirmed it
@@ -167,16 +179,19 @@ class StreamPaces:
 
 class RequestStreaming:
     """Pipelining auto's choice, request by request, between the adaptive controller's rounds and
-    streaming the whole request (one Decode at a time, the draft's offers in its passes): the one
-    whose requests' wall time per token measures lower, the other tried again now and then
-    (StreamPaces: True streams), apart for greedy and sampled requests, whose drafts are accepted
-    at different rates. Rounds are measured first: they are the adaptive controller's own choice,
-    and streaming on a draft that shares the target's cores costs a great deal. A request that
-    tests the other way switches for the rest of it, after MIN_PACE_TOKENS tokens, when that way
-    is clearly the slower (StreamPaces.clearly_slower)."""
+    streaming the whole request (one Decode at a time, the draft's offers in its passes, every
+    call offered): streaming unless the rounds' requests measure a wall time per token lower by
+    more than `margin`, the other way tried again now and then (StreamPaces: True streams), apart
+    for greedy and sampled requests, whose drafts are accepted at different rates. Streaming is
+    measured first and kept on a near tie: with the draft on hardware of its own (auto runs
+    nothing ahead otherwise) it pays no round trip per token and at worst decodes as the target
+    alone does, where a round pays both hops; and a request's pace depends on its prompt more than
+    on its way, so a small difference between the ways' smoothed paces says little. A request
+    that tests the other way switches for the rest of it, after MIN_PACE_TOKENS tokens, when that
+    way is clearly the slower (StreamPaces.clearly_slower)."""
 
-    def __init__(self) -> None:
-        self.paces = {True: StreamPaces(first=False), False: StreamPaces(first=False)}  # by greedy
+    def __init__(self, margin: float = 0.1) -> None:
+        self.paces = {greedy: StreamPaces(first=True, margin=margin) for greedy in (True, False)}
 
     def streams_next(self, greedy: bool) -> bool:
         return self.paces[greedy].offer_next()

@@ -213,6 +213,52 @@ def test_adaptive_requests_are_offered_drafts_under_pipelining_auto(distant_draf
     assert chosen == {0.0, 1.0}, chosen  # requests that streamed, and requests in rounds
 
 
+def _long_answers(reference_target) -> list[tuple[list[int], list[int]]]:
+    """Prompts whose greedy answer runs the whole LONG_NEW_TOKENS (no early end of sequence),
+    with that answer: at least 3 of them."""
+    references = []
+    for prompt in _prompts(16):
+        with torch.no_grad():
+            output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=LONG_NEW_TOKENS, do_sample=False,
+                                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        expected = output[0, len(prompt):].tolist()
+        if len(expected) == LONG_NEW_TOKENS:
+            references.append((prompt, expected))
+    assert len(references) >= 3
+    return references
+
+
+class AlwaysStreaming(RequestStreaming):
+    def streams_next(self, greedy: bool) -> bool:
+        return True
+
+
+def test_a_streamed_request_offers_whatever_stretches_measured(distant_draft_stack, reference_target):
+    """Pipelining auto: a request the chooser streams is offered the draft's drafts in every
+    Decode call, even where K = 0 stretches measured their offers slower (streaming was chosen
+    for its offers; its own test judges it), and it leaves the stretches' measurements alone."""
+    orchestrator_service = distant_draft_stack.orchestrator
+    saved = orchestrator_service.request_streaming, orchestrator_service.stretch_paces
+    stretch_paces = StreamPaces()
+    stretch_paces.observe(True, 1.0)  # offers measured 100x slower in stretches
+    stretch_paces.observe(False, 0.01)
+    orchestrator_service.request_streaming = AlwaysStreaming()
+    orchestrator_service.stretch_paces = {True: stretch_paces, False: StreamPaces()}
+    try:
+        for prompt, expected in _long_answers(reference_target)[:3]:
+            speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
+            request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
+                                         speculation=speculation)
+            tokens, _, last = generate(distant_draft_stack.address, request)
+            assert tokens == expected, prompt
+            stats = last.stats
+            assert dict(stats.controller_estimates)["auto_streamed"] == 1.0
+            assert stats.decode_calls > 0 and stats.offers > 0, (stats.decode_calls, stats.offers)
+    finally:
+        orchestrator_service.request_streaming, orchestrator_service.stretch_paces = saved
+    assert stretch_paces.seconds == {True: 1.0, False: 0.01}
+
+
 class TrialLosing(RequestStreaming):
     """Every request starts the way `first` says, as a test that turns out clearly the slower
     when it is judged: what is tested here is the switch to the other way mid-request."""
@@ -238,15 +284,7 @@ def test_a_request_switches_way_where_its_test_loses(distant_draft_stack, refere
     """Pipelining auto: a request that tests a way (streamed, or the controller's rounds) that
     turns out clearly the slower after 16 tokens runs the rest of it the other way. Greedy output
     is the target's, whichever way each token came."""
-    references = []
-    for prompt in _prompts(16):
-        with torch.no_grad():
-            output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=LONG_NEW_TOKENS, do_sample=False,
-                                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        expected = output[0, len(prompt):].tolist()
-        if len(expected) == LONG_NEW_TOKENS:  # long enough to be judged (no early end of sequence)
-            references.append((prompt, expected))
-    assert len(references) >= 3
+    references = _long_answers(reference_target)
     orchestrator_service = distant_draft_stack.orchestrator
     saved = orchestrator_service.request_streaming
     orchestrator_service.request_streaming = forced = TrialLosing(first)
