@@ -427,6 +427,10 @@ class AdaptiveKController:
         num_speculative_tokens = self._choose_plain(max_num_speculative_tokens)
         if self._ahead is None or max_num_speculative_tokens <= 0:
             return num_speculative_tokens
+        if self._probe_outstanding and self._ahead.ranks_measured and self._ahead_pays():
+            # Drafting ahead is expected to pay from K = 0: its own round measures what the probe
+            # would (alpha, and the candidate ranks), at the K and fan-out that pay.
+            self._probe_outstanding = False
         if self._probe_outstanding:
             # A probe from K = 0 drafts ahead at fan-out 1: besides alpha it measures how often the
             # draft's candidates hold the target's token (all its candidates are ranked, whatever
@@ -459,15 +463,19 @@ class AdaptiveKController:
         if self._ahead is not None:
             if not self._ahead.ranks_measured:
                 return 0  # K = 0 priced as Verify rounds: run as such
-            costs = self._costs()
-            if costs is not None and self._ahead.drafts_ahead(self._alpha.alpha, costs,
-                                                              self._config.max_num_speculative_tokens,
-                                                              self._max_fanout):
+            if self._ahead_pays():
                 return 0
         if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
             self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
             self._rounds_since_probe = 0
         return max(0, self._probe_interval - self._rounds_since_probe)
+
+    def _ahead_pays(self) -> bool:
+        """Under pipelining auto, whether drafting ahead now beats K = 0 (with its hysteresis)."""
+        costs = self._costs()
+        return (self._ahead is not None and costs is not None
+                and self._ahead.drafts_ahead(self._alpha.alpha, costs, self._config.max_num_speculative_tokens,
+                                             self._max_fanout))
 
     @property
     def _shadows(self) -> bool:
@@ -825,10 +833,12 @@ class AdaptiveKController:
             self._probe_outstanding = False
             self._rounds_since_probe = 0
             self._space_probes()
-        elif self._num_speculative_tokens == 0 and previous_k != 0:
-            # Drafting just stopped, on a few rounds' evidence. A probe beside the first stretch
-            # costs no round and checks that evidence before a whole interval goes by at K = 0;
-            # a probe round costs one, and waits for the interval.
+        elif self._num_speculative_tokens == 0 and (
+                previous_k != 0 or (observed_k > 0 and self._ahead is not None and not self._ahead_pays())):
+            # Drafting just stopped (plain drafting, or drafting ahead under pipelining auto, whose
+            # rounds run at a plain K of 0), on a few rounds' evidence. A probe beside the first
+            # stretch costs no round and checks that evidence before a whole interval goes by at
+            # K = 0; a probe round costs one, and waits for the interval.
             self._rounds_since_probe = self._probe_interval if self._shadows else 0
         elif self._num_speculative_tokens == 0 and observed_k == 0:
             self._rounds_since_probe += 1

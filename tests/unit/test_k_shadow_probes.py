@@ -7,15 +7,16 @@ simulator, and the sampled estimate against speculative sampling itself: no serv
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from orchestrator.generation import sampled_acceptance_chances
 from orchestrator.k_controller import AdaptiveKController, KControllerConfig, best_k, seconds_per_token
-from orchestrator.k_estimates import AcceptanceEstimate
+from orchestrator.k_estimates import AcceptanceEstimate, ControllerPriors, PriorEstimates
 from orchestrator.k_policy import DecodedPasses, RoundObservation, ShadowProbes
-from orchestrator.pipeline_policy import PipelinePriors
+from orchestrator.pipeline_policy import PipelinePriorEstimates, PipelinePriors
 from specdec.protocol import Proposal, SparseDistribution
 from specdec.sampling import verify_sampled
 from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play
@@ -292,3 +293,43 @@ def test_the_first_stretch_after_drafting_stops_carries_a_probe() -> None:
             rounds += 1
             assert rounds < 100, "drafting never stopped"
         assert controller.shadow_probe() == (SHADOW_K if shadows else 0)
+
+
+def _auto_session_expecting_hits() -> AdaptiveKController:
+    """A session under pipelining auto in a pool whose figures say drafting ahead pays at K = 0
+    already (a 20 ms draft hop, the draft's top candidates nearly always holding the target's
+    token at a fan-out of 3, the pool's alpha 0.62): plain drafting does not pay, drafting ahead
+    does."""
+    likely = PipelinePriorEstimates(c_bonus=(0.6, 0.85, 0.97), c_corr=(0.5, 0.8, 0.95))
+    world = draft_hop_world()
+    seed = PriorEstimates(alpha=0.62, t_draft_per_token=world.t_draft, rtt_draft=world.rtt_draft,
+                          rtt_target=world.rtt_target, verify_a=world.verify_a, verify_b=world.verify_b,
+                          plain_factor=0.75)
+    controller = AdaptiveKController(CONFIG, priors=ControllerPriors(initial=seed), shadow_probes=True)
+    controller.pipeline(max_fanout=3, priors=measured(PipelinePriors(initial=likely)))
+    assert controller.estimates()["num_speculative_tokens"] == 0  # plain K
+    return controller
+
+
+def test_a_session_that_expects_hits_opens_drafting_ahead_not_with_a_probe() -> None:
+    """Under pipelining auto, a session whose plain K is 0 but whose drafting ahead pays by the
+    pool's figures starts with the drafted-ahead round that pays (its own round measures alpha
+    and the ranks), not with a probe at fan-out 1."""
+    controller = _auto_session_expecting_hits()
+    assert controller.plain_rounds(shadow=True) == 0
+    assert controller.choose(K_MAX) > 0 and controller.planned_fanout > 1  # a probe's is 1
+
+
+def test_the_first_stretch_after_drafting_ahead_stops_carries_a_probe() -> None:
+    """Drafting ahead runs at a plain K of 0: when its rounds' rejections stop it, the first
+    stretch is tested beside it as after plain drafting stops, not only after a whole interval."""
+    controller = _auto_session_expecting_hits()
+    services, rounds = SimulatedServices(0), 0
+    while controller.plain_rounds(shadow=True) == 0:
+        k = controller.choose(K_MAX)
+        assert k > 0
+        observation = services.round(k, draft_hop_world())
+        controller.observe(replace(observation, num_accepted=0, acceptance_signal=(0.0,) * k))
+        rounds += 1
+        assert rounds < 50, "drafting ahead never stopped"
+    assert controller.shadow_probe() == SHADOW_K
