@@ -24,7 +24,6 @@ from orchestrator.k_policy import (
     LookupChooser,
     PlainStretches,
     RoundObservation,
-    RoundsForecast,
     ShadowProbes,
 )
 from orchestrator.local_draft import LocalDraft, lookup_reply
@@ -156,8 +155,6 @@ class Generation:
         self.request_streaming = request_streaming
         self.pipelining_held = pipelining_held  # auto, held off: the draft shares the target's hardware
         self._streams: bool | None = None
-        # RoundsForecast's answer as the request started (pipelining auto's request choice)
-        self._rounds_gain: float | None = None
         # Since when (perf_counter, generated tokens) the request has run its present way; whether
         # that way is a test still to be judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
         self._way_since: tuple[float, int] = (0.0, 0)
@@ -196,9 +193,7 @@ class Generation:
             first = await self.replicas.prefill(self.committed, self.uses_model_draft, defer_draft=defer_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             if self.request_streaming is not None and self._offered_stretch() is not None:
-                if isinstance(self.policy, RoundsForecast):
-                    self._rounds_gain = self.policy.predicted_rounds_gain(self._max_num_speculative_tokens())
-                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy, self._rounds_gain)
+                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy)
             chunk: Chunk | None = self._commit([first])
             self._start_way()
             while chunk is None or chunk.finish_reason is None:
@@ -263,8 +258,6 @@ class Generation:
             if self._streams is not None:
                 self.stats.controller_estimates["auto_streamed"] = float(self._streams)
                 self.stats.controller_estimates["auto_switched"] = float(self._switched)
-                if self._rounds_gain is not None:
-                    self.stats.controller_estimates["auto_rounds_gain"] = self._rounds_gain
                 self._observe_way_pace()
             for streamed in (self.pipeline, self.stretch_offers):
                 if isinstance(streamed, StreamedDrafts) and self.stats.offers:
@@ -346,8 +339,7 @@ class Generation:
         the way the measurements do not favour is judged at MIN_PACE_TOKENS."""
         self._way_since = (time.perf_counter(), self.stats.generated_tokens)
         self._way_on_trial = (self._streams is not None and self.request_streaming is not None
-                              and self.request_streaming.is_test(self.request.sampling.greedy, self._streams,
-                                                                 self._rounds_gain))
+                              and self.request_streaming.is_test(self.request.sampling.greedy, self._streams))
 
     def _way_pace(self) -> tuple[int, float]:
         """Tokens committed the present way, and their wall time per token."""

@@ -543,29 +543,6 @@ class AdaptiveKController:
             # (often a few rejected rounds at the start of an answer), and new sessions with it.
             self._priors.update(replace(self._session_estimates(), alpha=None))
 
-    def predicted_rounds_gain(self, max_num_speculative_tokens: int) -> float | None:
-        """RoundsForecast: seconds per token at K = 0 (its stretches, at their measured pace) over
-        those of the best K > 0, drafted ahead where pipelining auto may, at this session's alpha
-        and costs as they stand (the pool's, as a session starts). None before the figures are
-        complete, and under pipelining auto before the draft's candidate ranks are measured (K = 0
-        is then priced as Verify rounds, not as the stretches it will be)."""
-        costs = self._costs()
-        if costs is None or (self._ahead is not None and not self._ahead.ranks_measured):
-            return None
-        max_k = min(max_num_speculative_tokens, self._config.max_num_speculative_tokens)
-        if max_k < 1:
-            return None
-        alpha = self._alpha.alpha
-        if self._ahead is not None and self._max_fanout > 0:
-            times = self._ahead.times(alpha, costs, max_k, self._max_fanout)
-            plain, best = times[0][0], min(min(row) for row in times[1:])
-        else:
-            by_k = [seconds_per_token(alpha, num, costs) for num in range(max_k + 1)]
-            plain, best = by_k[0], min(by_k[1:])
-        if math.isinf(best) or best <= 0.0:
-            return 0.0 if math.isinf(best) else None
-        return plain / best
-
     def pipeline(self, max_fanout: int, priors: PipelinePriors | None = None) -> PipelinePolicy:
         """Drafting ahead chosen with K from this session's estimates (pipeline auto)."""
         # pipeline_policy builds on this module: imported here, not at the top

@@ -143,17 +143,6 @@ class ShadowProbes(Protocol):
         tokens for); behind: tokens the draft has not seen since."""
 
 
-@runtime_checkable
-class RoundsForecast(Protocol):
-    """A policy that can say, as a session starts, how much faster per token it expects its
-    rounds (drafted ahead where it may) to run than its K = 0 stretches (the adaptive controller,
-    from the pool's figures): pipelining auto weighs rounds against streaming the request by it."""
-
-    def predicted_rounds_gain(self, max_num_speculative_tokens: int) -> float | None:
-        """K = 0's seconds per token over the best drafting K's (> 1: drafting is expected to
-        pay); None while the figures for it are incomplete."""
-
-
 @dataclass
 class FixedK:
     """The same K every round (K = 0 is target-only decoding)."""

@@ -179,73 +179,26 @@ class StreamPaces:
 
 class RequestStreaming:
     """Pipelining auto's choice, request by request, between the adaptive controller's rounds and
-    streaming the whole request (one Decode at a time, the draft's offers in every call), greedy
-    and sampled requests apart (their drafts are accepted at different rates).
+    streaming the whole request (one Decode at a time, the draft's offers in its passes, every
+    call offered): streaming unless the rounds' requests measure a wall time per token lower by
+    more than `margin`, the other way tried again now and then (StreamPaces: True streams), apart
+    for greedy and sampled requests, whose drafts are accepted at different rates. Streaming is
+    measured first and kept on a near tie: with the draft on hardware of its own (auto runs
+    nothing ahead otherwise) it pays no round trip per token and at worst decodes as the target
+    alone does, where a round pays both hops; and a request's pace depends on its prompt more than
+    on its way, so a small difference between the ways' smoothed paces says little. A request
+    that tests the other way switches for the rest of it, after MIN_PACE_TOKENS tokens, when that
+    way is clearly the slower (StreamPaces.clearly_slower)."""
 
-    The favoured way comes from the controller's cost model where it has its figures: rounds when
-    it expects them (drafted ahead where they may be) to beat its K = 0 stretches per token by more
-    than `margin` (RoundsForecast.predicted_rounds_gain: the pool's alpha, candidate ranks, hops
-    and pass times, the same for every prompt), streaming otherwise. A stretch of an auto session
-    is itself offered drafts, so "no better than K = 0" is "no better than streaming". The
-    measured wall time per token of each way's requests (StreamPaces: True streams) overrides the
-    model only where it says the favoured way is slower by more than `veto`: a request's pace
-    depends on its prompt more than on its way, so a smaller difference between the two ways'
-    smoothed paces says little. Without the model's figures the measurements choose: streaming is
-    measured first and kept unless the rounds measure faster by more than `margin` (auto runs only
-    where the draft has hardware of its own, and there a streamed request pays no round trip per
-    token and at worst decodes as the target alone does, where a losing round pays both hops).
-    Either way the other way is tried every so often (tests ever rarer while the answer holds), which keeps both
-    paces, and through the rounds the pool's alpha, measured. A request that tries the way not
-    favoured switches for the rest of it, after MIN_PACE_TOKENS tokens, when that way is clearly
-    the slower (StreamPaces.clearly_slower)."""
+    def __init__(self, margin: float = 0.05) -> None:
+        self.paces = {greedy: StreamPaces(first=True, margin=margin) for greedy in (True, False)}
 
-    def __init__(self, margin: float = 0.05, veto: float = 0.3, min_interval: int = 4,
-                 max_interval: int = 64) -> None:
-        self.margin, self.veto = margin, veto
-        self.paces = {greedy: StreamPaces(first=True, margin=margin, min_interval=min_interval,
-                                          max_interval=max_interval) for greedy in (True, False)}
-        # The tests' schedule while the model favours a way: every `interval` requests, doubling
-        # after each test, from min_interval again when the favoured way changes.
-        self.min_interval, self.max_interval = min_interval, max_interval
-        self._schedule = {greedy: _TestSchedule(min_interval) for greedy in (True, False)}
-        self._lock = threading.Lock()
+    def streams_next(self, greedy: bool) -> bool:
+        return self.paces[greedy].offer_next()
 
-    def favoured(self, greedy: bool, rounds_gain: float | None) -> bool | None:
-        """Whether streaming is the favoured way (None: nothing says yet): the model's answer
-        where rounds_gain is known, unless the measurements clearly disagree; else the
-        measurements'."""
-        paces = self.paces[greedy]
-        with paces._lock:
-            streamed, rounds = paces.seconds[True], paces.seconds[False]
-            if rounds_gain is None:
-                return None if streamed is None or rounds is None else paces._faster()
-            way = rounds_gain < 1.0 + self.margin
-            mine, other = (streamed, rounds) if way else (rounds, streamed)
-            if mine is not None and other is not None and mine > other * (1.0 + self.veto):
-                return not way
-            return way
-
-    def streams_next(self, greedy: bool, rounds_gain: float | None = None) -> bool:
-        """Whether the next request streams: the favoured way, the other at the schedule's tests."""
-        way = self.favoured(greedy, rounds_gain)
-        if way is None:
-            return self.paces[greedy].offer_next()
-        with self._lock:
-            schedule = self._schedule[greedy]
-            if way != schedule.way:
-                schedule.way, schedule.interval, schedule.since_test = way, self.min_interval, 0
-            schedule.since_test += 1
-            if schedule.since_test >= schedule.interval:
-                schedule.since_test = 0
-                schedule.interval = min(self.max_interval, 2 * schedule.interval)
-                return not way
-            return way
-
-    def is_test(self, greedy: bool, streams: bool, rounds_gain: float | None = None) -> bool:
-        """Whether a request that streams (or runs rounds) goes against the favoured way."""
-        if rounds_gain is None:
-            return self.paces[greedy].is_test(streams)
-        return streams != self.favoured(greedy, rounds_gain)
+    def is_test(self, greedy: bool, streams: bool) -> bool:
+        """Whether a request that streams (or runs rounds) goes against the measurements."""
+        return self.paces[greedy].is_test(streams)
 
     def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float) -> bool:
         return self.paces[greedy].clearly_slower(seconds_per_token, streams)
@@ -254,13 +207,6 @@ class RequestStreaming:
         """The wall time per token of a request's tokens after its first, or of the part of them
         it ran one way (MIN_PACE_TOKENS tokens or more)."""
         self.paces[greedy].observe(streamed, seconds_per_token)
-
-
-@dataclass
-class _TestSchedule:
-    interval: int
-    since_test: int = 0
-    way: bool | None = None  # the favoured way the schedule counts for
 
 
 # Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.

@@ -229,7 +229,7 @@ def _long_answers(reference_target) -> list[tuple[list[int], list[int]]]:
 
 
 class AlwaysStreaming(RequestStreaming):
-    def streams_next(self, greedy: bool, rounds_gain: float | None = None) -> bool:
+    def streams_next(self, greedy: bool) -> bool:
         return True
 
 
@@ -268,10 +268,10 @@ class TrialLosing(RequestStreaming):
         self.first = first
         self.judged: list[tuple[bool, bool]] = []  # (greedy, streamed) of each test judged
 
-    def streams_next(self, greedy: bool, rounds_gain: float | None = None) -> bool:
+    def streams_next(self, greedy: bool) -> bool:
         return self.first
 
-    def is_test(self, greedy: bool, streams: bool, rounds_gain: float | None = None) -> bool:
+    def is_test(self, greedy: bool, streams: bool) -> bool:
         return streams == self.first
 
     def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float) -> bool:
