@@ -210,8 +210,8 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
                         choices=PIPELINE_MODES,
                         help="drafting ahead while the target verifies, for requests that do not set "
                              "it: off; on (every drafted round); auto (with adaptive K: drafting ahead where "
-                             "the controller expects it to pay, or streaming the request where that "
-                             "measures faster); stream (no rounds: the target decodes on and "
+                             "the controller expects it to pay, or streaming the request unless rounds "
+                             "measure clearly faster); stream (no rounds: the target decodes on and "
                              "verifies up to K of the draft's offered drafts in each pass)")
     parser.add_argument("--pipeline-fanout", type=int,
                         default=default_of(OrchestratorConfig, "pipeline_fanout"),
