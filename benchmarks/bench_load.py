@@ -296,6 +296,8 @@ class Request:
     generated: int = 0
     ks: list[int] = field(default_factory=list)
     accepted: int = 0
+    lookup_drafts: int = 0  # tokens the target looked up in its Decode passes, verified
+    lookup_accepted: int = 0  # of those, accepted
     finish_reason: str = ""
 
 
@@ -350,6 +352,8 @@ class Cell:
             record.generated = stats.generated_tokens
             record.ks = list(stats.num_speculative_tokens_per_round)
             record.accepted = stats.accepted_tokens
+            record.lookup_drafts = stats.decode_lookup_drafts
+            record.lookup_accepted = stats.decode_lookup_accepted
             record.finish_reason = pb.FinishReason.Name(last.finish_reason)
         except grpc.RpcError as error:
             record.error = error.code().name if error.code() else str(error)
@@ -428,6 +432,8 @@ class Cell:
             "draft_passes": draft["passes"],
             "mean_k": sum(ks) / rounds if rounds else None,
             "tau": (sum(r.accepted for r in completed) + rounds) / rounds if rounds else None,
+            "decode_lookup_drafts": sum(r.lookup_drafts for r in completed),
+            "decode_lookup_accepted": sum(r.lookup_accepted for r in completed),
             "stream_tokens_per_second": rates,
             "slowest_over_median": ratio(min(rates), median_rate),
         }
@@ -507,15 +513,23 @@ def run_cells(address: str, replicas: Replicas, config: BenchConfig, prompts: li
                 f"{streams:>2} streams {schedule:<8}: {cell['tokens_per_second']:7.1f} tok/s, "
                 f"TTFT p50 {ms(cell['ttft_p50'])} ms, ITL p50 {ms(cell['itl_p50'])} ms, "
                 f"batch {num(cell['mean_batch'])}, K {num(cell['mean_k'])}, "
-                f"{cell['requests_completed']} requests; ETA {minutes(eta.remaining())}{problems}")
+                f"{lookups(cell)}{cell['requests_completed']} requests; ETA {minutes(eta.remaining())}{problems}")
     return merge_repeats(cells)
+
+
+def lookups(cell: dict) -> str:
+    """"looked up 120/300, ": the target's own lookups in Decode passes, accepted / verified."""
+    if not cell.get("decode_lookup_drafts"):
+        return ""
+    return f"looked up {cell['decode_lookup_accepted']}/{cell['decode_lookup_drafts']}, "
 
 
 MEAN_FIELDS = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "mean_batch",
                "tokens_per_pass", "draft_mean_batch", "draft_tokens_per_pass", "mean_k", "tau",
                "slowest_over_median", "load_average_1m")
 SUM_FIELDS = ("window_seconds", "drain_seconds", "tokens_in_window", "requests_started", "requests_completed",
-              "requests_cancelled_after_drain", "target_passes", "draft_passes", "ttft_samples", "itl_samples")
+              "requests_cancelled_after_drain", "target_passes", "draft_passes", "ttft_samples", "itl_samples",
+              "decode_lookup_drafts", "decode_lookup_accepted")
 
 
 def merge_repeats(cells: list[dict]) -> list[dict]:

@@ -44,7 +44,6 @@ from specdec.protocol import (
     Proposal,
     ReplicaInfo,
     SamplingParams,
-    SparseDistribution,
     Timing,
 )
 from specdec.ragged import Job
@@ -171,10 +170,7 @@ class LookupDraftService(SessionService[LookupSessionState]):
         def apply(state: LookupSessionState) -> Job[tuple[int, Proposal]]:
             state.committed.extend(new_committed)
             found = state.proposer.propose(state.committed, num_speculative_tokens)
-            distributions = () if state.sampling.greedy else tuple(
-                SparseDistribution((token,), (1.0,)) for token in found.token_ids)
-            return new_length, Proposal(found.token_ids, distributions, fed_tokens=0,
-                                        match_lengths=found.match_lengths)
+            return new_length, found.proposal(state.sampling)
             yield  # a generator: the service's job form, run inline
 
         return await self.call(handle, apply)

@@ -29,10 +29,11 @@ from specdec.errors import (
 from specdec.protocol import (
     BranchProposal,
     CallTiming,
+    DecodeLookup,
     DraftedAhead,
     DraftOffer,
+    DraftTally,
     Handle,
-    OfferTally,
     Proposal,
     ReplicaInfo,
     Reply,
@@ -170,8 +171,10 @@ class DecodeStep:
     # Under sampling, each token's probability in the target's distribution it was drawn from
     # (specdec.protocol.DecodedToken); empty when greedy, or from a target that does not send them.
     probabilities: tuple[float, ...] = ()
-    # What the call's passes did so far with the drafts offered to it (Offer).
-    offered: OfferTally | None = None
+    # What the call's passes did so far with the drafts offered to it (Offer), and with the tokens
+    # they looked up themselves (DecodeLookup).
+    offered: DraftTally | None = None
+    looked_up: DraftTally | None = None
 
 
 class TargetClient(ReplicaClient):
@@ -205,13 +208,17 @@ class TargetClient(ReplicaClient):
                                 tuple(response.acceptance_signal))
         return Reply(convert.handle_from_proto(response.handle), outcome, _timing(wall, response))
 
-    async def decode(self, handle: Handle, max_tokens: int) -> AsyncIterator[DecodeStep]:
+    async def decode(self, handle: Handle, max_tokens: int,
+                     lookup: DecodeLookup | None = None) -> AsyncIterator[DecodeStep]:
         """Plain decoding of up to max_tokens tokens in one call (fewer after an end-of-sequence
         token or at the max context), each step as it comes; the last step has the call's timing.
-        Closing the iterator early cancels the call. A target without Decode gets one Verify
-        without drafts."""
+        With lookup its passes also verify tokens looked up in the session's own. Closing the
+        iterator early cancels the call. A target without Decode gets one Verify without drafts."""
         if self.decodes:
             request = target_pb2.DecodeRequest(handle=convert.handle_to_proto(handle), max_tokens=max_tokens)
+            if lookup is not None:
+                request.lookup_max_tokens = lookup.max_tokens
+                request.lookup_min_chance = lookup.min_chance
             started = time.perf_counter()
             # A step's deadline per token asked for, and one at least: with a deadline of 0 a call
             # for no tokens would race its own INVALID_ARGUMENT and could come back as lost.
@@ -237,11 +244,12 @@ class TargetClient(ReplicaClient):
                         raise ReplicaError(self.address, "the Decode stream ended without its last message")
                     timing = _timing(time.perf_counter() - started, response) if response.last else None
                     probabilities = tuple(response.token_probabilities)
-                    offered = OfferTally(response.offered_passes, response.offered_drafts,
+                    offered = DraftTally(response.offered_passes, response.offered_drafts,
                                          response.offered_accepted, response.offered_branch_passes)
+                    looked_up = DraftTally(response.lookup_passes, response.lookup_drafts, response.lookup_accepted)
                     yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing,
                                      probabilities if len(probabilities) == len(response.token_ids) else (),
-                                     offered)
+                                     offered, looked_up)
                     if response.last:
                         return
             finally:

@@ -47,8 +47,10 @@ from specdec.lookup import NO_LOOKUP
 from specdec.protocol import (
     MAX_DECODE_STEPS,
     CallTiming,
+    DecodeLookup,
     DraftedAhead,
     DraftOffer,
+    DraftTally,
     Proposal,
     Reply,
     SamplingParams,
@@ -582,7 +584,23 @@ class Generation:
         steps = max(1, min(steps, MAX_DECODE_STEPS, remaining, context_left))
         # A stretch longer than one call takes several: each call that runs all it may is a full one.
         planned = min(plain_rounds, MAX_DECODE_STEPS)
-        return self._counted(self.replicas.decode(self.committed, steps), planned=planned)
+        lookup = self._decode_lookup()
+        return self._counted(self.replicas.decode(self.committed, steps, lookup), planned=planned,
+                             priced=lookup is not None)
+
+    def _decode_lookup(self) -> DecodeLookup | None:
+        """Lookups in the Decode's own passes, for a speculating request whose draft method looks
+        up (local_draft: hybrid, ngram, suffix) under the adaptive controller: where no drafts are
+        offered, each pass verifies the tokens the target finds after C in C itself, as many as
+        the controller's price of a row allows (LookupChooser.decode_lookup_min_chance). The
+        target looks them up with no hop, so a stretch of K = 0 rounds, the guard's K = 0 and a
+        streamed request still speculate where the text repeats itself."""
+        if not self.request.speculate or self.local_draft is None or not isinstance(self.policy, LookupChooser):
+            return None
+        max_tokens = self._max_num_speculative_tokens()
+        if max_tokens <= 0:
+            return None
+        return DecodeLookup(max_tokens, self.policy.decode_lookup_min_chance())
 
     def _guarded_steps(self) -> int:
         """Tokens to decode under the guard: as many as fit before its answer may change (at the
@@ -595,12 +613,15 @@ class Generation:
         pace = self._decode_token_seconds if self._decode_token_seconds is not None else self.guard.decode_pace
         return guarded_decode_steps(self.guard.seconds_until_change(), pace)
 
-    async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int) -> AsyncIterator[tuple[int, ...]]:
+    async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int,
+                       priced: bool = False) -> AsyncIterator[tuple[int, ...]]:
         """The Decode's tokens, each a K = 0 round in the stats (under sampling their p(y) kept
         for a probe beside the stretch); after it, told to the policy when the policy chose these
         rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
-        (a stretch cut short by the request's end or the guard is no stretch's pace)."""
-        started, decoded, timing, offered = time.perf_counter(), 0, None, None
+        (a stretch cut short by the request's end or the guard is no stretch's pace); otherwise,
+        where the call's passes looked up tokens (priced), their time and load only, which
+        price those rows in the next call."""
+        started, decoded, timing, offered, looked_up = time.perf_counter(), 0, None, None, None
         re_prefills = self.stats.re_prefills  # a session rebuilt mid-stream: the timing covers its last call only
         self._decoded_probabilities.clear()
         try:
@@ -608,6 +629,7 @@ class Generation:
                 tokens = step.token_ids
                 timing = step.timing or timing
                 offered = step.offered or offered
+                looked_up = step.looked_up or looked_up
                 # C takes each step's tokens before the next is asked for: they go at len(C) on.
                 for offset, probability in enumerate(step.probabilities):
                     self._decoded_probabilities[len(self.committed) + offset] = probability
@@ -625,20 +647,24 @@ class Generation:
                 self.stats.offered_drafts += offered.drafts
                 self.stats.offered_accepted += offered.accepted
                 self.stats.offered_branch_passes += offered.branch_passes
+            if looked_up is not None and looked_up.passes:
+                self.stats.decode_lookup_passes += looked_up.passes
+                self.stats.decode_lookup_drafts += looked_up.drafts
+                self.stats.decode_lookup_accepted += looked_up.accepted
             self._decoded_in_call = decoded
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
                 if self.guard is not None:
                     self.guard.observe_decode_pace(self._decode_token_seconds)
+                passes = None
+                if (timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1
+                        and self.stats.re_prefills == re_prefills):
+                    passes = _decoded_passes(decoded, timing, (offered, looked_up))
                 if planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
-                    passes = None
-                    if (timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1
-                            and self.stats.re_prefills == re_prefills):
-                        # one pass per token: the target's pass time whatever the network did
-                        passes = DecodedPasses(timing.compute_seconds / decoded, timing.pass_rows,
-                                               timing.pass_sessions)
                     self.policy.observe_plain(decoded, pace, passes)
+                elif passes is not None and priced and isinstance(self.policy, LookupChooser):
+                    self.policy.observe_decoded_passes(passes)  # what prices the lookups' rows
 
     def _take_branch(self, num_speculative_tokens: int) -> Proposal | None:
         """Last round's branch for the outcome it had, if there is one and this round drafts."""
@@ -836,6 +862,17 @@ def sampled_acceptance_chances(proposal: Proposal, decoded: Sequence[int],
         if token != draft:
             break
     return tuple(chances)
+
+
+def _decoded_passes(tokens: int, timing: CallTiming, tallies: tuple[DraftTally | None, ...]) -> DecodedPasses:
+    """The target's passes behind a Decode's tokens, from its timing: one pass per token, less
+    one for each draft (offered or looked up) that a pass accepted; the target's pass time
+    whatever the network did."""
+    accepted = sum(tally.accepted for tally in tallies if tally is not None)
+    drafts = sum(tally.drafts for tally in tallies if tally is not None)
+    count = max(1, tokens - accepted)
+    return DecodedPasses(timing.compute_seconds / count, timing.pass_rows, timing.pass_sessions,
+                         own_rows=1.0 + drafts / count, count=count)
 
 
 def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome], proposal: Proposal | None = None,

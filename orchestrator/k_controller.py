@@ -99,10 +99,14 @@ from orchestrator.pipelining import (
     AheadPlan,
     PipelinePolicy,
 )
+from specdec.lookup_acceptance import LookupAcceptance, LookupPriors
 
 if TYPE_CHECKING:
-    from orchestrator.lookup_policy import LookupAcceptance, LookupPriors
     from orchestrator.pipeline_policy import PipelineController, PipelinePriors
+
+# The chance a looked-up token needs in a Decode pass before the pass's cost is measured: about
+# what a row costs on a CPU in float32 alone, or in bfloat16 among eight sessions.
+UNPRICED_LOOKUP_CHANCE = 0.1
 
 # ---------------------------------------------------------------------------------------------
 # The cost model (pure)
@@ -530,7 +534,8 @@ class AdaptiveKController:
         if self._num_speculative_tokens == 0:
             self._rounds_since_probe += rounds
         if passes is not None:
-            self._observe_pass(passes.rows, passes.seconds, passes.sessions, 1, self._round, weight=rounds)
+            self._observe_pass(passes.rows, passes.seconds, passes.sessions, passes.own_rows, self._round,
+                               weight=rounds)
         base = self._base_costs()
         if base is not None and seconds_per_token is not None and seconds_per_token > 0:
             predicted = round_time(0, replace(base, plain_factor=None))
@@ -589,10 +594,31 @@ class AdaptiveKController:
             verify_costs = replace(verify_costs, plain_factor=None)
         return choose_lookup_k(self._lookup_acceptance(), match_lengths, verify_costs, model_seconds)
 
+    def observe_decoded_passes(self, passes: DecodedPasses) -> None:
+        """A Decode the guard ran (no K chosen, nothing towards a probe): its passes' time joins
+        the verify fit and their load the estimates of who shares the pass, as a stretch's do."""
+        self._observe_pass(passes.rows, passes.seconds, passes.sessions, passes.own_rows, self._round,
+                           weight=passes.count)
+
+    def decode_lookup_min_chance(self) -> float:
+        """The chance of being accepted that a looked-up token needs to be worth its row in a
+        Decode pass (DecodeLookup.min_chance): the tokens that row costs the sessions in the pass.
+        It makes the pass dT(1) = T_pass(R + 2) - T_pass(R + 1) longer (R: the others' rows), and
+        each of the n sessions in it commits about one token per pass there, so n dT(1) /
+        T_pass(R + 1) (goodput's charge at K = 0 with no hop between a Decode's tokens).
+        UNPRICED_LOOKUP_CHANCE before a pass has been measured."""
+        if self._verify.coefficients() is None:
+            return UNPRICED_LOOKUP_CHANCE
+        others_rows, others_sessions = self._load()
+        # The line, not a row count's residual: the rows a lookup adds vary from pass to pass.
+        plain = self._verify.line_seconds(others_rows + 1)
+        if plain <= 0.0:
+            return UNPRICED_LOOKUP_CHANCE
+        delay = max(0.0, self._verify.line_seconds(others_rows + 2) - plain)
+        return min(1.0, (1.0 + others_sessions) * delay / plain)
+
     def _lookup_acceptance(self) -> LookupAcceptance:
         if self._lookups is None:
-            from orchestrator.lookup_policy import LookupAcceptance
-
             self._lookups = LookupAcceptance(priors=self._lookup_priors)
         return self._lookups
 
@@ -683,7 +709,7 @@ class AdaptiveKController:
         target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
         self._rtt_target.update(max(0.0, target_overhead), index)
 
-    def _observe_pass(self, rows: float, seconds: float, sessions: float, own_rows: int, index: int,
+    def _observe_pass(self, rows: float, seconds: float, sessions: float, own_rows: float, index: int,
                       weight: float = 1.0) -> None:
         """A target pass (weight > 1: the mean of that many) of `rows` rows over `sessions`
         sessions, own_rows of them this session's: the verify fit and the load estimates."""

@@ -33,11 +33,15 @@ class Speculation:
 @dataclass(frozen=True)
 class DecodedPasses:
     """The target's passes behind a Decode's K = 0 rounds, server-reported: each pass's mean time
-    (seconds) and its mean rows and sessions (this session's one row and everyone else's)."""
+    (seconds) and its mean rows and sessions (this session's rows and everyone else's); own_rows,
+    this session's rows per pass (1, and the drafts offered to its passes or looked up in them);
+    count, how many passes."""
 
     seconds: float
     rows: float
     sessions: float
+    own_rows: float = 1.0
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,14 @@ class LookupChooser(Protocol):
     def choose_lookup(self, match_lengths: Sequence[int], model_num_speculative_tokens: int | None) -> int:
         """0 (the round goes without the lookup: the model draft's at the K choose() gave, or
         K = 0 where model_num_speculative_tokens is None) or how many of its tokens to verify."""
+
+    def decode_lookup_min_chance(self) -> float:
+        """The chance of being accepted a token looked up by the target in a Decode pass needs to
+        pay for its row there (specdec.protocol.DecodeLookup.min_chance)."""
+
+    def observe_decoded_passes(self, passes: DecodedPasses) -> None:
+        """The target's passes behind a Decode this policy did not choose (the speculation guard's
+        K = 0): their time and load only, which price those rows."""
 
 
 @runtime_checkable

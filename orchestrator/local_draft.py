@@ -34,7 +34,7 @@ from specdec.lookup import (
     SuffixProposer,
 )
 from orchestrator.discovery import Endpoint
-from specdec.protocol import CallTiming, Handle, Proposal, Reply, SamplingParams, SparseDistribution
+from specdec.protocol import CallTiming, Handle, Proposal, Reply, SamplingParams
 
 LOCAL_PREFIX = "local:"
 
@@ -155,7 +155,5 @@ def lookup_reply(found: Lookup, sampling: SamplingParams, session_id: str, commi
                  seconds: float) -> Reply[Proposal]:
     """A lookup's proposal as a draft's reply: one-hot q~ when sampling, its match lengths; its
     time as compute."""
-    distributions = () if sampling.greedy else tuple(
-        SparseDistribution((token,), (1.0,)) for token in found.token_ids)
-    proposal = Proposal(token_ids=found.token_ids, distributions=distributions, match_lengths=found.match_lengths)
-    return Reply(Handle(session_id, "local", committed_length, 0), proposal, CallTiming(seconds, seconds))
+    return Reply(Handle(session_id, "local", committed_length, 0), found.proposal(sampling),
+                 CallTiming(seconds, seconds))

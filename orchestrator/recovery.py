@@ -45,6 +45,7 @@ from specdec.errors import (
 from specdec.lookup import proposal_method
 from specdec.protocol import (
     CallTiming,
+    DecodeLookup,
     DraftedAhead,
     DraftOffer,
     Handle,
@@ -301,8 +302,10 @@ class SessionReplicas:
         return await self._target_call(committed, "verify",
                                        lambda client, handle: client.verify(handle, proposal))
 
-    async def decode(self, committed: Sequence[int], max_tokens: int) -> AsyncIterator[DecodeStep]:
-        """Plain decoding of up to max_tokens tokens (speculation off), each step as it comes: a
+    async def decode(self, committed: Sequence[int], max_tokens: int,
+                     lookup: DecodeLookup | None = None) -> AsyncIterator[DecodeStep]:
+        """Plain decoding of up to max_tokens tokens (with lookup, its passes also verify tokens
+        looked up in the session's own: TargetClient.decode), each step as it comes: a
         step with tokens, and the call's last, which normally brings only its timing (also
         recorded here). committed must be the caller's live C, which takes every step's tokens
         before it asks for the next: a session lost mid-stream is re-prefilled from it and the rest
@@ -312,7 +315,7 @@ class SessionReplicas:
             placement = self.target
             assert placement is not None
             try:
-                async for step in placement.lease.client.decode(placement.handle, left):
+                async for step in placement.lease.client.decode(placement.handle, left, lookup):
                     placement.handle = step.handle
                     if step.timing is not None:
                         self.stats.add_target_call(step.timing)

@@ -34,7 +34,7 @@ from orchestrator.local_draft import (
     NoReplicas,
     draft_method_of,
 )
-from orchestrator.lookup_policy import LookupPriors
+from specdec.lookup_acceptance import LookupPriors
 from orchestrator.pipeline_policy import PipelinePriors
 from orchestrator.pipelining import (
     DEFAULT_PIPELINE_FANOUT,

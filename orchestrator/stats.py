@@ -58,6 +58,11 @@ class GenerationStats:
     offered_drafts: int = 0
     offered_accepted: int = 0
     offered_branch_passes: int = 0
+    # Lookups in the target's Decode passes: passes that verified looked-up tokens, the tokens they
+    # verified and those accepted.
+    decode_lookup_passes: int = 0
+    decode_lookup_drafts: int = 0
+    decode_lookup_accepted: int = 0
     shadow_probes: int = 0  # probes run beside a stretch of K = 0 rounds instead of as rounds
     observer: StatsObserver | None = field(default=None, repr=False, compare=False)
 

@@ -135,6 +135,13 @@ class Telemetry:
         self.offered_accepted = counter("specdec:offered_accepted", "Offered drafts the target accepted")
         self.offered_branch_passes = counter("specdec:offered_branch_passes",
                                              "Target passes that verified the drafts of an offer's branch")
+        # Lookups in the target's own Decode passes.
+        self.decode_lookup_passes = counter("specdec:decode_lookup_passes",
+                                            "Target Decode passes that verified tokens looked up in the session's own")
+        self.decode_lookup_drafts = counter("specdec:decode_lookup_drafts",
+                                            "Looked-up tokens verified in the target's Decode passes")
+        self.decode_lookup_accepted = counter("specdec:decode_lookup_accepted",
+                                              "Looked-up tokens the target accepted in its Decode passes")
         # The orchestrator HPA's Pods metric, under the model services' name and labels.
         self.active_sessions = Gauge("specdec_active_sessions", "Generate streams in flight",
                                      ["role", "replica_id"], registry=registry).labels(
@@ -160,7 +167,8 @@ class Telemetry:
                        self.num_requests_running, self.num_speculative_tokens, self.re_prefills,
                        self.draft_unavailable_rounds, self.pipelined_rounds, self.pipeline_hits,
                        self.pipeline_misses, self.branches_drafted, self.offered_passes,
-                       self.offered_drafts, self.offered_accepted, self.offered_branch_passes):
+                       self.offered_drafts, self.offered_accepted, self.offered_branch_passes,
+                       self.decode_lookup_passes, self.decode_lookup_drafts, self.decode_lookup_accepted):
             family.labels(model_name)
         self._position(0)
 
@@ -286,6 +294,9 @@ class RequestTelemetry:
         t.offered_drafts.labels(model).inc(stats.offered_drafts)
         t.offered_accepted.labels(model).inc(stats.offered_accepted)
         t.offered_branch_passes.labels(model).inc(stats.offered_branch_passes)
+        t.decode_lookup_passes.labels(model).inc(stats.decode_lookup_passes)
+        t.decode_lookup_drafts.labels(model).inc(stats.decode_lookup_drafts)
+        t.decode_lookup_accepted.labels(model).inc(stats.decode_lookup_accepted)
         if last is not None and finish not in ("abort", "error"):
             t.e2e_request_latency.labels(model).observe(last - self.arrived)
             if first_token is not None and stats.generated_tokens > 1:

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from specdec.protocol import Proposal, SamplingParams, SparseDistribution
+
 DRAFT_METHODS = ("model", "ngram", "suffix", "hybrid")
 LOOKUP_METHODS = ("ngram", "suffix")
 SUFFIX_CACHE_MODES = ("session", "shared")
@@ -69,6 +71,12 @@ class Lookup:
     def first(self, count: int) -> Lookup:
         """The first count proposed tokens (as Proposal.first)."""
         return Lookup(self.token_ids[:count], self.match_lengths[:count])
+
+    def proposal(self, sampling: SamplingParams) -> Proposal:
+        """As a draft's proposal: one-hot q~ when sampling, with its match lengths."""
+        distributions = () if sampling.greedy else tuple(
+            SparseDistribution((token,), (1.0,)) for token in self.token_ids)
+        return Proposal(self.token_ids, distributions, match_lengths=self.match_lengths)
 
 
 NO_LOOKUP = Lookup((), ())

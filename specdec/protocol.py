@@ -129,15 +129,33 @@ class DraftOffer:
         return none
 
 
+@dataclass(frozen=True)
+class DecodeLookup:
+    """Lookups in a Decode's own passes: where a pass has no offered drafts to verify, it verifies
+    up to max_tokens tokens looked up in the session's own tokens (prompt lookup), as many of them
+    as have, by the session's acceptance so far per match length, at least min_chance of being
+    accepted together with the ones before them (the caller's price of a row, in tokens)."""
+
+    max_tokens: int
+    min_chance: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise InvalidInput(f"lookup max_tokens must be >= 0, got {self.max_tokens}")
+        if not 0.0 <= self.min_chance <= 1.0:
+            raise InvalidInput(f"lookup min_chance must be in [0, 1], got {self.min_chance}")
+
+
 def _after(proposal: Proposal, skip: int, count: int) -> Proposal:
     end = skip + count
     return Proposal(proposal.token_ids[skip:end], proposal.distributions[skip:end])
 
 
 @dataclass
-class OfferTally:
-    """What a Decode did with the drafts offered to it: passes that verified some (of those, passes
-    that verified a branch's), how many they verified, how many of those were accepted."""
+class DraftTally:
+    """What a Decode did with drafts of one source (those offered to it, or those it looked up
+    itself): passes that verified some (of offered ones, passes that verified a branch's), how
+    many they verified, how many of those were accepted."""
 
     passes: int = 0
     drafts: int = 0

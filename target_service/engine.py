@@ -15,14 +15,17 @@ import torch
 
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.kv_cache import SequenceCache
+from specdec.lookup import NgramProposer
+from specdec.lookup_acceptance import LookupAcceptance, LookupPriors
 from specdec.models import LoadedModel
 from specdec.ragged import Feed, Job
 from specdec.protocol import (
     MAX_DECODE_STEPS,
     MAX_DRAFT_TOP_M,
     DecodedToken,
+    DecodeLookup,
     DraftOffer,
-    OfferTally,
+    DraftTally,
     Proposal,
     SparseDistribution,
     check_token_ids,
@@ -44,10 +47,21 @@ _NO_DRAFTS = Proposal(token_ids=())
 
 
 @dataclass
+class SessionLookup:
+    """A session's lookups in its Decode passes: the prompt lookup over its tokens, and how often
+    its looked-up tokens were accepted, per match length (the replica's figures its prior)."""
+
+    proposer: NgramProposer
+    acceptance: LookupAcceptance
+
+
+@dataclass
 class TargetSessionState:
     cache: SequenceCache  # holds C[:-1]
     last_token_id: int  # C[-1]
     sampling: SamplingParams
+    tokens: list[int]  # C
+    lookup: SessionLookup | None = None  # from its first Decode with lookups
 
     @property
     def committed_length(self) -> int:
@@ -58,6 +72,9 @@ class TargetEngine:
     def __init__(self, loaded: LoadedModel, max_num_speculative_tokens: int) -> None:
         self.loaded = loaded
         self.max_num_speculative_tokens = max_num_speculative_tokens
+        # The replica's acceptance of looked-up tokens per match length, greedy and sampled apart:
+        # a session's first lookups start from it.
+        self.lookup_priors = {True: LookupPriors(), False: LookupPriors()}
 
     def prefill(
         self, token_ids: list[int], sampling: SamplingParams, resume: bool, prompt_length: int = 0
@@ -72,11 +89,11 @@ class TargetEngine:
                 yield Feed(cache, fed[:prompt])
             if prompt < len(fed):
                 yield Feed(cache, fed[prompt:], one_by_one=True)
-            return TargetSessionState(cache, token_ids[-1], sampling), None
+            return TargetSessionState(cache, token_ids[-1], sampling, list(token_ids)), None
         logits = yield Feed(cache, token_ids)  # (1, V): the last row
         position = len(token_ids)
         first = self._sample(logits, sampling, keyed_uniform(sampling.seed, position, "target"))
-        return TargetSessionState(cache, first, sampling), first
+        return TargetSessionState(cache, first, sampling, [*token_ids, first]), first
 
     def verify(self, state: TargetSessionState, proposal: Proposal) -> Job[VerifyOutcome]:
         """One round: feeds [C[-1], d1..dK] in one pass, accepts a prefix, truncates to C'[:-1]."""
@@ -114,13 +131,15 @@ class TargetEngine:
             )
         state.cache.truncate(committed + outcome.num_accepted)
         state.last_token_id = outcome.next_token_id
+        state.tokens.extend((*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id))
         return outcome, target_probs
 
     def decode(self, state: TargetSessionState, max_tokens: int,
                emit: Callable[[DecodedToken], None] = lambda token: None,
                stopped: Callable[[], bool] = lambda: False,
                offered: Callable[[], DraftOffer | None] = lambda: None,
-               tally: OfferTally | None = None) -> Job[list[DecodedToken]]:
+               tally: DraftTally | None = None, lookup: DecodeLookup | None = None,
+               looked_up: DraftTally | None = None) -> Job[list[DecodedToken]]:
         """Plain decoding: up to max_tokens Verify rounds without drafts, one pass each, so every
         token is exactly the one those rounds would return (under sampling with its probability
         p, DecodedToken); emit(token) after each. Stops after an end-of-sequence token of the
@@ -129,7 +148,10 @@ class TargetEngine:
         offered() is the session's latest DraftOffer (streamed speculation): where it holds drafts
         after C as it is now, the step verifies them as a Verify round would (the round's tokens,
         without their p, each emitted), so the tokens are the same greedy and distributed the same
-        sampled; a round stops short of max_tokens and the max context. tally counts them."""
+        sampled; a round stops short of max_tokens and the max context. tally counts them.
+
+        lookup: a step with no offered drafts verifies, in the same way, tokens looked up in C
+        itself (_looked_up); looked_up counts them."""
         if not 1 <= max_tokens <= MAX_DECODE_STEPS:
             raise InvalidInput(f"max_tokens must be in [1, {MAX_DECODE_STEPS}], got {max_tokens}")
         if state.committed_length >= self.loaded.max_context:
@@ -145,13 +167,21 @@ class TargetEngine:
             if offer is not None:
                 proposal, from_branch = offer.drafts_after(known, committed_from, state.committed_length)
                 proposal = proposal.first(room)
+            from_lookup = not proposal.token_ids and lookup is not None and room > 0
+            if from_lookup:
+                assert lookup is not None
+                proposal = self._looked_up(state, min(room, lookup.max_tokens), lookup.min_chance)
             outcome, target_probs = yield from self._verify(state, proposal)
             round_ids = [*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id]
-            if proposal.token_ids and tally is not None:
-                tally.passes += 1
-                tally.drafts += len(proposal.token_ids)
-                tally.accepted += outcome.num_accepted
-                tally.branch_passes += from_branch
+            counted = looked_up if from_lookup else tally
+            if proposal.token_ids and counted is not None:
+                counted.passes += 1
+                counted.drafts += len(proposal.token_ids)
+                counted.accepted += outcome.num_accepted
+                counted.branch_passes += from_branch
+            if from_lookup and proposal.token_ids:
+                assert state.lookup is not None
+                state.lookup.acceptance.update(proposal.match_lengths, outcome.num_accepted)
             probability = None
             if target_probs is not None and not proposal.token_ids:  # a round without drafts draws its token from p
                 probability = float(target_probs[0, round_ids[0]] / target_probs[0].sum())
@@ -163,6 +193,26 @@ class TargetEngine:
             if any(token_id in self.loaded.eos_token_ids for token_id in round_ids):
                 break
         return tokens
+
+    def _looked_up(self, state: TargetSessionState, max_tokens: int, min_chance: float) -> Proposal:
+        """Up to max_tokens tokens to follow C, looked up in C itself (the last 2 to 4 tokens
+        matched where they occurred before, the continuation there proposed), as many of them as
+        have at least min_chance of being accepted together with the ones before them, by the
+        session's acceptance of looked-up tokens so far per match length."""
+        max_tokens = min(max_tokens, self.max_num_speculative_tokens)
+        if max_tokens <= 0:
+            return _NO_DRAFTS
+        if state.lookup is None:
+            state.lookup = SessionLookup(
+                NgramProposer(), LookupAcceptance(priors=self.lookup_priors[state.sampling.greedy]))
+        found = state.lookup.proposer.propose(state.tokens, max_tokens)
+        chance, count = 1.0, 0
+        for alpha in state.lookup.acceptance.alphas(found.match_lengths):
+            chance *= alpha
+            if chance < min_chance:
+                break
+            count += 1
+        return found.first(count).proposal(state.sampling)
 
     def _dense_drafts(self, proposal: Proposal) -> torch.Tensor:
         """(K, V) float64: each q~ as the draft sampled from it."""

@@ -11,9 +11,10 @@ from specdec.protocol import (
     MAX_OFFER_BRANCHES,
     MAX_OFFER_TOKENS,
     DecodedToken,
+    DecodeLookup,
     DraftOffer,
     Handle,
-    OfferTally,
+    DraftTally,
     Proposal,
     SamplingParams,
     Timing,
@@ -57,16 +58,19 @@ class TargetService(SessionService[TargetSessionState]):
         return await self.call(handle, apply)
 
     async def decode(self, handle: Handle, max_tokens: int, emit: Callable[[DecodedToken], None],
-                     stopped: Callable[[], bool], tally: OfferTally | None = None
+                     stopped: Callable[[], bool], tally: DraftTally | None = None,
+                     lookup: DecodeLookup | None = None, looked_up: DraftTally | None = None
                      ) -> tuple[Handle, list[DecodedToken], Timing]:
         """TargetEngine.decode as one call; emit(token) runs on the model thread after each step.
-        Its passes verify the drafts offered meanwhile (offer), counted in tally as they go. A
+        Its passes verify the drafts offered meanwhile (offer), counted in tally as they go, and
+        where none are offered, with lookup, tokens looked up in the session's own (looked_up). A
         repeat of the last applied handle gets its tokens in the result, with no emit."""
         session_id = handle.session_id
 
         def apply(state: TargetSessionState) -> Job[tuple[int, list[DecodedToken]]]:
             tokens = yield from self.engine.decode(state, max_tokens, emit, stopped,
-                                                   lambda: self._offers.get(session_id), tally)
+                                                   lambda: self._offers.get(session_id), tally,
+                                                   lookup, looked_up)
             return state.committed_length, tokens
 
         self._offers.setdefault(session_id, None)

@@ -10,7 +10,7 @@ import grpc
 
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from specdec.protocol import BranchProposal, DecodedToken, DraftOffer, OfferTally
+from specdec.protocol import BranchProposal, DecodedToken, DecodeLookup, DraftOffer, DraftTally
 from target_service.service import TargetService
 
 
@@ -46,18 +46,20 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     async def Decode(self, request: target_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
-        """Streams each token as its pass ends, with what the call's passes did with offered
-        drafts so far; the last message carries the call's timing."""
+        """Streams each token as its pass ends, with what the call's passes did with offered and
+        looked-up drafts so far; the last message carries the call's timing."""
         loop = asyncio.get_running_loop()
-        steps: asyncio.Queue[tuple[DecodedToken, OfferTally]] = asyncio.Queue()
+        steps: asyncio.Queue[tuple[DecodedToken, DraftTally, DraftTally]] = asyncio.Queue()
         stop = threading.Event()
-        tally = OfferTally()
+        tally, looked_up = DraftTally(), DraftTally()
+        lookup = (DecodeLookup(request.lookup_max_tokens, request.lookup_min_chance)
+                  if request.lookup_max_tokens else None)
         start = convert.handle_from_proto(request.handle)
         decoding = asyncio.ensure_future(self.service.decode(
             start, request.max_tokens,
-            # on the model thread, right after the token's pass: the tally as that pass left it
-            lambda token: loop.call_soon_threadsafe(steps.put_nowait, (token, replace(tally))),
-            stop.is_set, tally))
+            # on the model thread, right after the token's pass: the tallies as that pass left them
+            lambda token: loop.call_soon_threadsafe(steps.put_nowait, (token, replace(tally), replace(looked_up))),
+            stop.is_set, tally, lookup, looked_up))
         sent = 0
         try:
             while True:
@@ -67,13 +69,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     step.cancel()
                     break
                 sent += 1
-                token, so_far = step.result()
+                token, offered_so_far, looked_up_so_far = step.result()
                 yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(
                     replace(start, committed_length=start.committed_length + sent)), **_decoded([token]),
-                    **_offered(so_far))
+                    **_offered(offered_so_far), **_looked_up(looked_up_so_far))
             handle, tokens, timing = await decoding
             yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(handle), **_decoded(tokens[sent:]),
-                                            last=True, **convert.timing_fields(timing), **_offered(tally))
+                                            last=True, **convert.timing_fields(timing), **_offered(tally),
+                                            **_looked_up(looked_up))
         finally:
             stop.set()  # the caller went away: the job stops before its next step
 
@@ -97,9 +100,13 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
 
-def _offered(tally: OfferTally) -> dict[str, int]:
+def _offered(tally: DraftTally) -> dict[str, int]:
     return {"offered_passes": tally.passes, "offered_drafts": tally.drafts, "offered_accepted": tally.accepted,
             "offered_branch_passes": tally.branch_passes}
+
+
+def _looked_up(tally: DraftTally) -> dict[str, int]:
+    return {"lookup_passes": tally.passes, "lookup_drafts": tally.drafts, "lookup_accepted": tally.accepted}
 
 
 def _decoded(tokens: list[DecodedToken]) -> dict[str, list]:

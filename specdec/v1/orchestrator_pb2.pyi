@@ -86,7 +86,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_rate", "num_speculative_tokens_per_round", "tokens_per_second", "wall_seconds", "time_to_first_token_seconds", "draft_seconds", "verify_seconds", "network_seconds", "re_prefills", "draft_unavailable_rounds", "target_replica", "draft_replica", "controller_estimates", "num_accepted_per_round", "drafted_tokens_by_method", "accepted_tokens_by_method", "pipelined_rounds", "pipeline_hits", "pipeline_misses", "branches_drafted", "fanout_per_round", "decode_calls", "decoded_tokens", "shadow_probes", "offers", "offered_passes", "offered_drafts", "offered_accepted", "offered_branch_passes")
+    __slots__ = ("prompt_tokens", "generated_tokens", "rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_rate", "num_speculative_tokens_per_round", "tokens_per_second", "wall_seconds", "time_to_first_token_seconds", "draft_seconds", "verify_seconds", "network_seconds", "re_prefills", "draft_unavailable_rounds", "target_replica", "draft_replica", "controller_estimates", "num_accepted_per_round", "drafted_tokens_by_method", "accepted_tokens_by_method", "pipelined_rounds", "pipeline_hits", "pipeline_misses", "branches_drafted", "fanout_per_round", "decode_calls", "decoded_tokens", "shadow_probes", "offers", "offered_passes", "offered_drafts", "offered_accepted", "offered_branch_passes", "decode_lookup_passes", "decode_lookup_drafts", "decode_lookup_accepted")
     class ControllerEstimatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,9 @@ class GenerationStats(_message.Message):
     OFFERED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     OFFERED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     OFFERED_BRANCH_PASSES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_LOOKUP_PASSES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_LOOKUP_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_LOOKUP_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     rounds: int
@@ -178,7 +181,10 @@ class GenerationStats(_message.Message):
     offered_drafts: int
     offered_accepted: int
     offered_branch_passes: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., num_speculative_tokens_per_round: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., time_to_first_token_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., network_seconds: _Optional[float] = ..., re_prefills: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., controller_estimates: _Optional[_Mapping[str, float]] = ..., num_accepted_per_round: _Optional[_Iterable[int]] = ..., drafted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., accepted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., pipelined_rounds: _Optional[int] = ..., pipeline_hits: _Optional[int] = ..., pipeline_misses: _Optional[int] = ..., branches_drafted: _Optional[int] = ..., fanout_per_round: _Optional[_Iterable[int]] = ..., decode_calls: _Optional[int] = ..., decoded_tokens: _Optional[int] = ..., shadow_probes: _Optional[int] = ..., offers: _Optional[int] = ..., offered_passes: _Optional[int] = ..., offered_drafts: _Optional[int] = ..., offered_accepted: _Optional[int] = ..., offered_branch_passes: _Optional[int] = ...) -> None: ...
+    decode_lookup_passes: int
+    decode_lookup_drafts: int
+    decode_lookup_accepted: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., num_speculative_tokens_per_round: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., time_to_first_token_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., network_seconds: _Optional[float] = ..., re_prefills: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_replica: _Optional[str] = ..., draft_replica: _Optional[str] = ..., controller_estimates: _Optional[_Mapping[str, float]] = ..., num_accepted_per_round: _Optional[_Iterable[int]] = ..., drafted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., accepted_tokens_by_method: _Optional[_Mapping[str, int]] = ..., pipelined_rounds: _Optional[int] = ..., pipeline_hits: _Optional[int] = ..., pipeline_misses: _Optional[int] = ..., branches_drafted: _Optional[int] = ..., fanout_per_round: _Optional[_Iterable[int]] = ..., decode_calls: _Optional[int] = ..., decoded_tokens: _Optional[int] = ..., shadow_probes: _Optional[int] = ..., offers: _Optional[int] = ..., offered_passes: _Optional[int] = ..., offered_drafts: _Optional[int] = ..., offered_accepted: _Optional[int] = ..., offered_branch_passes: _Optional[int] = ..., decode_lookup_passes: _Optional[int] = ..., decode_lookup_drafts: _Optional[int] = ..., decode_lookup_accepted: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "stats", "finish_reason")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec.models import ModelConfig, load_model
-from specdec.protocol import BranchProposal, DraftOffer, OfferTally, Proposal, SamplingParams, SparseDistribution
+from specdec.protocol import BranchProposal, DraftOffer, DraftTally, Proposal, SamplingParams, SparseDistribution
 from specdec.ragged import run_alone
 from target_service.engine import TargetEngine
 from tests import tiny_models
@@ -30,13 +30,13 @@ def loaded(tiny_pair):
     return dataclasses.replace(model, eos_token_ids=())
 
 
-def _decode(loaded, offer_at=None, steps: int = STEPS, max_k: int = 8) -> tuple[list[int], OfferTally, int]:
+def _decode(loaded, offer_at=None, steps: int = STEPS, max_k: int = 8) -> tuple[list[int], DraftTally, int]:
     """Prefill + Decode of `steps` tokens; offer_at(length) is the offer the session holds when its
     committed length is `length` (None: none). Returns the tokens after the first, the tally, and
     the first token."""
     engine = TargetEngine(loaded, max_k)
     state, first = run_alone(loaded.model, engine.prefill(PROMPT, GREEDY, resume=False))
-    tally = OfferTally()
+    tally = DraftTally()
     offered = (lambda: offer_at(state.committed_length)) if offer_at is not None else (lambda: None)
     tokens = run_alone(loaded.model, engine.decode(state, steps, offered=offered, tally=tally))
     return [token.token_id for token in tokens], tally, first
@@ -166,7 +166,7 @@ def test_sampled_offers_and_branches_leave_the_targets_law(tmp_path):
 
     engine = TargetEngine(loaded, 4)
     start = len(sampling.PROMPT) + 1
-    samples, tally = [], OfferTally()
+    samples, tally = [], DraftTally()
     for seed in range(2_000):
         params = SamplingParams(temperature=1.0, seed=60_000 + seed)
         state, first = run_alone(loaded.model, engine.prefill(sampling.PROMPT, params, resume=False))

@@ -496,3 +496,29 @@ def test_hybrid_without_its_draft_model_goes_on_with_the_lookup(loop_thread, tin
         assert accepted > 0
     finally:
         loop_thread.run(running.stop())
+
+
+def test_adaptive_decode_calls_verify_the_targets_own_lookups(loop_thread, tiny_pair, references):
+    """Adaptive requests with a lookup draft, all at once (the speculation guard holds them at
+    K = 0, so the target decodes them in Decode calls): the target verifies tokens it looks up
+    in each session's own in those calls' passes, greedy output unchanged; a request with
+    speculation off decodes plainly."""
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, None, "ngram"))
+
+    async def all_at_once(mode: str):
+        return await asyncio.gather(*(_generate(running.service, list(prompt), speculation=Speculation(mode=mode))
+                                      for prompt in references))
+
+    try:
+        adaptive = loop_thread.run(all_at_once("adaptive"))
+        off = loop_thread.run(all_at_once("off"))
+    finally:
+        loop_thread.run(running.stop())
+    for (tokens, _), (plain, _), expected in zip(adaptive, off, references.values()):
+        assert tokens == expected and plain == expected
+    passes = sum(stats.decode_lookup_passes for _, stats in adaptive)
+    drafts = sum(stats.decode_lookup_drafts for _, stats in adaptive)
+    accepted = sum(stats.decode_lookup_accepted for _, stats in adaptive)
+    assert sum(stats.decode_calls for _, stats in adaptive) > 0
+    assert passes > 0 and 0 < accepted <= drafts, (passes, drafts, accepted)
+    assert all(stats.decode_lookup_passes == 0 for _, stats in off)

@@ -104,11 +104,11 @@ def _processors(config: Config) -> LogitsProcessorList:
 
 
 @torch.no_grad()
-def reference_joint_law(model, config: Config) -> torch.Tensor:
-    """(V**3,) law of the target's first three tokens after PROMPT; cell t1 * V**2 + t2 * V + t3."""
-    vocab, length = VOCAB_SIZE, len(PROMPT)
+def reference_joint_law(model, config: Config, prompt: list[int] = PROMPT) -> torch.Tensor:
+    """(V**3,) law of the target's first three tokens after prompt; cell t1 * V**2 + t2 * V + t3."""
+    vocab, length = VOCAB_SIZE, len(prompt)
     pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V*V, 2): (t1, t2)
-    input_ids = torch.cat([torch.tensor(PROMPT).expand(vocab * vocab, length), pairs], dim=1)
+    input_ids = torch.cat([torch.tensor(prompt).expand(vocab * vocab, length), pairs], dim=1)
     logits = model(input_ids=input_ids).logits  # (V*V, L + 2, V)
     rows = torch.cat([
         logits[0, length - 1].unsqueeze(0),  # scores t1

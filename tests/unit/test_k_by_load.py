@@ -327,3 +327,46 @@ def test_the_controller_simulation_shows_k_falling_with_load(capsys: pytest.Capt
     assert set(table) == {1, 32}
     assert float(table[1][1]) >= 1.0 and float(table[32][1]) <= 0.2  # mean K alone and at 32
     assert table[32][2] == "100%"  # every session's chosen K is 0 at the end
+
+
+def test_a_looked_up_tokens_price_rises_with_load() -> None:
+    """decode_lookup_min_chance: the chance of acceptance a token the target looks up in a Decode
+    pass needs to pay for its row, n dT(1) / T_pass(R + 1) with n sessions in the pass. Before any
+    pass is measured, the unpriced default; then it rises with the sessions in the pass."""
+    from orchestrator.k_controller import UNPRICED_LOOKUP_CHANCE
+
+    world = SharedWorld(alpha=0.5)
+    assert new_controller(ControllerPriors()).decode_lookup_min_chance() == UNPRICED_LOOKUP_CHANCE
+    chances, rows = {}, {}
+    for sessions in (1, 8, 32):
+        levels, controllers, _ = ramp(world, (sessions,), seed=3, rounds=120)
+        chances[sessions] = sum(c.decode_lookup_min_chance() for c in controllers) / len(controllers)
+        rows[sessions] = sessions * (levels[-1].mean_k + 1)  # the pass's rows, all sessions
+    assert chances[1] == pytest.approx(world.pass_b / world.t_pass(1), rel=0.25), chances
+    assert chances[1] < chances[8] < chances[32] <= 1.0, chances
+    for sessions in (8, 32):
+        truth = sessions * world.pass_b / world.t_pass(round(rows[sessions]))
+        assert chances[sessions] == pytest.approx(truth, rel=0.25), (sessions, chances, truth)
+
+
+def test_passes_of_a_decode_the_guard_ran_price_the_lookups_rows() -> None:
+    """Under the speculation guard a session runs no rounds: the passes of its Decode calls
+    (their time per pass, once the passes' accepted lookups are counted out, and their load) are
+    all its controller learns the price of a row from."""
+    from orchestrator.generation import _decoded_passes
+    from orchestrator.k_policy import DecodedPasses
+    from specdec.protocol import DraftTally
+
+    world = SharedWorld(noise=0.0)
+    # 12 tokens from 8 passes: 4 looked-up tokens accepted (of 10 verified), the rest one a pass
+    rows = 8 * 1 + 10
+    timing = CallTiming(8 * world.t_pass(rows), 8 * world.t_pass(rows), pass_rows=rows, pass_sessions=8.0)
+    passes = _decoded_passes(12, timing, (None, DraftTally(passes=3, drafts=10, accepted=4)))
+    assert passes == DecodedPasses(world.t_pass(rows), rows, 8.0, own_rows=1.0 + 10 / 8, count=8)
+    controller = new_controller(ControllerPriors())
+    for rows_now in (8, 12, 18, 24, 30):  # a load of 8 sessions, their lookups' rows varying
+        controller.observe_decoded_passes(DecodedPasses(world.t_pass(rows_now), rows_now, 8.0, count=4))
+    others_rows = controller.estimates()["verify_pass_others_rows"]
+    truth = 8 * world.pass_b / world.t_pass(round(others_rows) + 1)
+    assert controller.decode_lookup_min_chance() == pytest.approx(truth, rel=0.3)
+    assert controller.decode_lookup_min_chance() > 4 * world.pass_b / world.t_pass(1)

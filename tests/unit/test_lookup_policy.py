@@ -1,4 +1,5 @@
-"""How the adaptive controller weighs a lookup's proposal (orchestrator/lookup_policy.py): by the
+"""How the adaptive controller weighs a lookup's proposal (orchestrator/lookup_policy.py,
+specdec/lookup_acceptance.py): by the
 match each token rests on, against verify rows and, in hybrid, against the model draft's round.
 Synthetic rounds, seeded: no servers, no clocks."""
 
@@ -10,14 +11,13 @@ import pytest
 
 from orchestrator.k_controller import AdaptiveKController, KControllerConfig, RoundCosts
 from orchestrator.k_policy import FixedK, HeuristicK, LookupChooser, RoundObservation
-from orchestrator.lookup_policy import (
+from orchestrator.lookup_policy import best_lookup_k, lookup_costs
+from specdec.lookup_acceptance import (
     MATCH_BUCKETS,
     LookupAcceptance,
     LookupConfidenceConfig,
     LookupPriors,
-    best_lookup_k,
     bucket_name,
-    lookup_costs,
     match_bucket,
 )
 
