@@ -78,6 +78,7 @@ GOAL_ADAPTIVE_AT_1 = 1.15  # adaptive >= 1.15x off at 1 stream
 GOAL_ADAPTIVE_AT_4 = 1.10  # adaptive >= 1.1x off at 4 streams
 GOAL_OFF_VS_HF_8 = 0.8  # off at 8 streams >= 0.8x HF batched generate at batch 8
 GOAL_FAIRNESS_32 = 0.5  # at 32 streams the slowest stream >= half the median stream's rate
+PROMPT_SETS = ("benchmark", "grounded", "mixed")
 PROMPT_STRIDE = 7  # stream i starts at prompt 7 i (mod 24): distinct offsets for up to 24 streams
 
 FULL = {"streams": "1,2,4,8,16,32", "schedules": "off,adaptive,k=2", "seconds_per_cell": 25.0,
@@ -103,6 +104,7 @@ class BenchConfig:
     hf_seconds: float  # timed HF generate calls per batch size run until this many seconds
     skip_hf: bool
     seed: int  # of the shuffled schedule order
+    prompt_set: str  # PROMPT_SETS
     repeats: int  # rounds of every schedule at each stream count, interleaved
     quick: bool
     out: Path
@@ -117,6 +119,8 @@ class BenchConfig:
             speculation(schedule)  # raises on a bad name
         if self.repeats < 1:
             raise ValueError("--repeats >= 1")
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"--prompt-set: one of {', '.join(PROMPT_SETS)}")
         if self.seconds_per_cell <= 0 or self.max_new_tokens < 2 or self.drain_seconds < 0:
             raise ValueError("--seconds-per-cell > 0, --max-new-tokens >= 2, --drain-seconds >= 0")
         from specdec.models import DTYPES
@@ -177,6 +181,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
                         help=f"timed HF generate per batch size, at least (default {FULL['hf_seconds']:g})")
     parser.add_argument("--skip-hf", action="store_true", help="no Hugging Face anchor")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled schedule order")
+    parser.add_argument("--prompt-set", default="benchmark", choices=PROMPT_SETS,
+                        help="the requests' prompts: benchmark (open-ended: code, explanation, chat, "
+                             "translation), grounded (the answer repeats the input: edit this code, "
+                             "quote this passage) or mixed (both) (default benchmark)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds of every schedule at each stream count, each round in a shuffled "
                              "order; a cell's figures are then the mean over its rounds, and the "
@@ -199,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
             dtype=args.dtype, device=args.device, draft_method=args.draft_method,
             packed_rows=args.packed_rows, hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
             hf_seconds=float(pick("hf_seconds")), skip_hf=args.skip_hf, seed=args.seed, repeats=args.repeats,
+            prompt_set=args.prompt_set,
             quick=args.quick,
             out=args.out, name=args.name or common.utc_stamp(),
         )
@@ -298,6 +307,7 @@ class Request:
     accepted: int = 0
     lookup_drafts: int = 0  # tokens the target looked up in its Decode passes, verified
     lookup_accepted: int = 0  # of those, accepted
+    lookup_price: float | None = None  # the controller's price of such a row at the request's end
     finish_reason: str = ""
 
 
@@ -354,6 +364,7 @@ class Cell:
             record.accepted = stats.accepted_tokens
             record.lookup_drafts = stats.decode_lookup_drafts
             record.lookup_accepted = stats.decode_lookup_accepted
+            record.lookup_price = stats.controller_estimates.get("decode_lookup_min_chance")
             record.finish_reason = pb.FinishReason.Name(last.finish_reason)
         except grpc.RpcError as error:
             record.error = error.code().name if error.code() else str(error)
@@ -434,6 +445,7 @@ class Cell:
             "tau": (sum(r.accepted for r in completed) + rounds) / rounds if rounds else None,
             "decode_lookup_drafts": sum(r.lookup_drafts for r in completed),
             "decode_lookup_accepted": sum(r.lookup_accepted for r in completed),
+            "decode_lookup_min_chance": mean_of([r.lookup_price for r in completed]),
             "stream_tokens_per_second": rates,
             "slowest_over_median": ratio(min(rates), median_rate),
         }
@@ -521,12 +533,19 @@ def lookups(cell: dict) -> str:
     """"looked up 120/300, ": the target's own lookups in Decode passes, accepted / verified."""
     if not cell.get("decode_lookup_drafts"):
         return ""
-    return f"looked up {cell['decode_lookup_accepted']}/{cell['decode_lookup_drafts']}, "
+    price = cell.get("decode_lookup_min_chance")
+    return (f"looked up {cell['decode_lookup_accepted']}/{cell['decode_lookup_drafts']}"
+            f"{f' at >= {price:.2f}' if price is not None else ''}, ")
+
+
+def mean_of(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.mean(known) if known else None
 
 
 MEAN_FIELDS = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "mean_batch",
                "tokens_per_pass", "draft_mean_batch", "draft_tokens_per_pass", "mean_k", "tau",
-               "slowest_over_median", "load_average_1m")
+               "slowest_over_median", "load_average_1m", "decode_lookup_min_chance")
 SUM_FIELDS = ("window_seconds", "drain_seconds", "tokens_in_window", "requests_started", "requests_completed",
               "requests_cancelled_after_drain", "target_passes", "draft_passes", "ttft_samples", "itl_samples",
               "decode_lookup_drafts", "decode_lookup_accepted")
@@ -788,7 +807,7 @@ def render_hf(cells: list[dict], hf: dict, config: BenchConfig, markdown: bool) 
 
 def describe(config: BenchConfig, environment: dict) -> list[str]:
     setup = (f"Closed-loop streams, {config.seconds_per_cell:g} s window per cell, {config.max_new_tokens} new "
-             f"tokens per request, greedy; target {config.target}, draft {config.draft} ({config.draft_method} "
+             f"tokens per request, greedy, {config.prompt_set} prompts; target {config.target}, draft {config.draft} ({config.draft_method} "
              f"draft method), services' dtype {config.dtype or 'default (auto)'}, "
              + (f"--packed-rows {config.packed_rows}, other service flags default; " if config.packed_rows
                 else "default service flags; ")
@@ -832,10 +851,25 @@ def render_goals(goal_rows: list[dict], itl_rows: list[dict]) -> list[str]:
     return lines
 
 
+def prompts_of(prompt_set: str) -> list:
+    """The requests' prompts (specdec/prompt_sets.py), mixed ones interleaved."""
+    sets = common.prompt_sets()
+    if prompt_set == "benchmark":
+        return list(sets.BENCHMARK_PROMPTS)
+    if prompt_set == "grounded":
+        return list(sets.GROUNDED_PROMPTS)
+    mixed = []
+    for index, prompt in enumerate(sets.BENCHMARK_PROMPTS):
+        mixed.append(prompt)
+        if index % 4 == 3:  # one grounded prompt after every four open-ended ones
+            mixed.append(sets.GROUNDED_PROMPTS[(index // 4) % len(sets.GROUNDED_PROMPTS)])
+    return mixed
+
+
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     stop_on_signals()
-    prompts = list(common.prompt_sets().BENCHMARK_PROMPTS)
+    prompts = prompts_of(config.prompt_set)
     environment = common.environment()
     stack_config = StackConfig(target=config.target, draft=config.draft, device=config.device,
                                dtype=config.dtype, port=0, echo=False, draft_method=config.draft_method,

@@ -64,7 +64,8 @@ NO_PROPOSAL = Proposal(token_ids=())
 # this many tokens; later ones for as many as its pace fits before the guard's next test.
 GUARDED_DECODE_STEPS = 8
 # A session whose controller stays at K = 0 decodes its next rounds in one call; with a lookup
-# draft at most this many, so that the lookup is consulted again soon.
+# draft, where the target does not look up in the call itself, at most this many, so that the
+# lookup is consulted again soon.
 LOOKUP_PLAIN_STEPS = 4
 
 
@@ -464,8 +465,9 @@ class Generation:
         """K = 0 rounds the policy commits to from here (PlainStretches: fixed K = 0, and the
         adaptive controller while its choice is K = 0), to decode in one call; 0 runs a round.
         The adaptive controller weighs a lookup draft's proposals each round: the lookup is asked
-        first, a proposal the controller would verify gets its round, and a stretch is at most
-        LOOKUP_PLAIN_STEPS, so that it is asked again soon."""
+        first, a proposal the controller would verify gets its round; a stretch whose Decode
+        looks up tokens itself (_decode_lookup) runs to the controller's next probe, any other
+        at most LOOKUP_PLAIN_STEPS, so that the lookup is asked again soon."""
         if not isinstance(self.policy, PlainStretches):
             return 0
         rounds = self.policy.plain_rounds(shadow=self._can_shadow_probe())
@@ -475,7 +477,7 @@ class Generation:
         model_k = self._model_k_beside(self.local_draft, 0, self._model_draft_in_reach())
         if found.token_ids and self.policy.choose_lookup(found.match_lengths, model_k):
             return 0
-        return min(rounds, LOOKUP_PLAIN_STEPS)
+        return rounds if self._decode_lookup() is not None else min(rounds, LOOKUP_PLAIN_STEPS)
 
     def _can_shadow_probe(self) -> bool:
         """Whether a probe can run beside a stretch (ShadowProbes): a model draft replica holding

@@ -666,6 +666,7 @@ class AdaptiveKController:
         coefficients = self._verify.coefficients()
         if coefficients is not None:
             figures["verify_a"], figures["verify_b"] = coefficients
+            figures["decode_lookup_min_chance"] = self.decode_lookup_min_chance()
         if self._ahead is not None:
             figures.update(self._ahead.estimates())
         if self._lookups is not None:

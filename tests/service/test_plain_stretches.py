@@ -97,20 +97,17 @@ def test_fixed_k_decodes_at_k0_only(loop_thread, tiny_pair, expected, method):
         assert all(k > 0 for k in stats.num_speculative_tokens_per_round[:-1])
 
 
-def test_hybrid_stretches_are_short_and_the_lookup_still_proposes(loop_thread, tiny_pair, expected):
-    """With a lookup draft a stretch is at most a few rounds, and the lookup is asked before each:
-    on this repetitive output (the tiny target loops) its proposals keep coming while the model
-    draft sits at K = 0."""
-    from orchestrator.generation import LOOKUP_PLAIN_STEPS
-
+def test_hybrid_stretches_look_up_and_the_lookup_still_proposes(loop_thread, tiny_pair, expected):
+    """With a lookup draft the target looks up tokens in the stretches' own passes, and the
+    orchestrator's lookup is asked before each stretch: on this repetitive output (the tiny
+    target loops) both keep proposing while the model draft sits at K = 0."""
     with _far_draft_stack(loop_thread, tiny_pair, "hybrid") as generate:
         tokens, stats = generate(ADAPTIVE)
         assert tokens == expected
         ks, decode_calls = list(stats.num_speculative_tokens_per_round), stats.decode_calls
         assert decode_calls >= 1
         assert decode_calls <= stats.decoded_tokens <= ks.count(0)  # a stretch is K = 0 rounds
-        # No stretch longer than LOOKUP_PLAIN_STEPS.
-        assert stats.decoded_tokens <= decode_calls * LOOKUP_PLAIN_STEPS, ks
+        assert 0 < stats.decode_lookup_accepted <= stats.decode_lookup_drafts, stats
         assert stats.drafted_by_method.get("suffix", 0) > 0
 
 
