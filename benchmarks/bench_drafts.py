@@ -71,6 +71,15 @@ class Run:
     target_passes: int  # forward passes of the target service during the request (prefill included)
     target_rows: int  # rows of those passes
     controller_estimates: dict[str, float] = field(default_factory=dict)  # at the request's end
+    # Tokens the target looked up itself in Decode passes (K = 0 stretches), verified and accepted:
+    # each accepted one is a K = 0 "round" in rounds that took no pass of its own.
+    decode_lookup_drafts: int = 0
+    decode_lookup_accepted: int = 0
+
+    @property
+    def round_passes(self) -> int:
+        """The target passes of the request's rounds (Verify, or a Decode step)."""
+        return self.rounds - self.decode_lookup_accepted
 
     @property
     def verify_rows(self) -> int:
@@ -173,7 +182,7 @@ def call(client: common.OrchestratorClient, target: Target, prompt_set: str, pro
                s.generated_tokens, s.wall_seconds, s.rounds, s.drafted_tokens, s.accepted_tokens,
                list(s.num_speculative_tokens_per_round), dict(s.drafted_tokens_by_method),
                dict(s.accepted_tokens_by_method), passes_after - passes_before, rows_after - rows_before,
-               dict(s.controller_estimates))
+               dict(s.controller_estimates), s.decode_lookup_drafts, s.decode_lookup_accepted)
 
 
 def scrape_by_method(url: str) -> dict[str, dict[str, float]]:
@@ -221,6 +230,9 @@ class Cell:
     accepted: int = 0
     ks: int = 0
     verify_rows: int = 0
+    round_passes: int = 0
+    decode_lookup_drafts: int = 0
+    decode_lookup_accepted: int = 0
     target_passes: int = 0
     drafted_by_method: dict[str, int] = field(default_factory=dict)
     accepted_by_method: dict[str, int] = field(default_factory=dict)
@@ -234,6 +246,9 @@ class Cell:
         self.accepted += run.accepted
         self.ks += len(run.ks)
         self.verify_rows += run.verify_rows
+        self.round_passes += run.round_passes
+        self.decode_lookup_drafts += run.decode_lookup_drafts
+        self.decode_lookup_accepted += run.decode_lookup_accepted
         self.target_passes += run.target_passes
         for totals, counts in ((self.drafted_by_method, run.drafted_by_method),
                                (self.accepted_by_method, run.accepted_by_method)):
@@ -245,13 +260,15 @@ class Cell:
         return {
             "runs": self.runs, "generated": self.generated, "tokens_per_second": tps,
             "ratio_vs_target_only": tps / target_only_tps if target_only_tps > 0 else None,
-            "tau": (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0,
+            # committed tokens per pass of the rounds (a Decode's looked-up tokens share theirs)
+            "tau": (self.accepted + self.rounds) / self.round_passes if self.round_passes else 0.0,
             "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_k": self.drafted / self.ks if self.ks else 0.0,
-            # one Verify pass per round: the run's requests are alone on the target
-            "verify_rows_per_pass": self.verify_rows / self.rounds if self.rounds else 0.0,
+            # the run's requests are alone on the target: each pass is one of the rounds'
+            "verify_rows_per_pass": self.verify_rows / self.round_passes if self.round_passes else 0.0,
             "target_passes_per_token": self.target_passes / self.generated if self.generated else 0.0,
             "drafted": self.drafted, "accepted": self.accepted,
+            "decode_lookup_drafts": self.decode_lookup_drafts, "decode_lookup_accepted": self.decode_lookup_accepted,
             "drafted_by_method": self.drafted_by_method, "accepted_by_method": self.accepted_by_method,
         }
 

@@ -67,10 +67,12 @@ def test_each_method_names_its_own_drafts(quick_run):
 def test_the_target_counts_the_verify_rows_the_orchestrator_sent(quick_run):
     data, _ = quick_run
     for run in data["runs"]:
-        # One Verify pass of K + 1 rows per round; the prompt's prefill is the rest.
+        # One Verify pass of K + 1 rows per round, a Decode step's row and the tokens it looked up
+        # (each accepted one a round with no pass of its own); the prompt's prefill is the rest.
         rows = run["target_rows"] - run["prompt_tokens"]
-        assert rows == run["rounds"] + run["drafted"], (run["prompt"], run["method"])
-        assert run["target_passes"] > run["rounds"]
+        looked_up = run["decode_lookup_drafts"] - run["decode_lookup_accepted"]
+        assert rows == run["rounds"] + run["drafted"] + looked_up, (run["prompt"], run["method"])
+        assert run["target_passes"] > run["rounds"] - run["decode_lookup_accepted"]  # and the prefill
 
 
 def test_metrics_by_method_add_up_to_the_request_stats(quick_run):

@@ -97,10 +97,11 @@ def test_fixed_k_decodes_at_k0_only(loop_thread, tiny_pair, expected, method):
         assert all(k > 0 for k in stats.num_speculative_tokens_per_round[:-1])
 
 
-def test_hybrid_stretches_look_up_and_the_lookup_still_proposes(loop_thread, tiny_pair, expected):
-    """With a lookup draft the target looks up tokens in the stretches' own passes, and the
-    orchestrator's lookup is asked before each stretch: on this repetitive output (the tiny
-    target loops) both keep proposing while the model draft sits at K = 0."""
+def test_hybrid_stretches_look_up_while_the_model_draft_sits_at_zero(loop_thread, tiny_pair, expected):
+    """With a lookup draft the target looks up tokens in the stretches' own passes (a stretch
+    runs to the controller's next probe, no longer cut short for the orchestrator's lookup): on
+    this repetitive output (the tiny target loops) they keep being accepted while the model draft
+    sits at K = 0."""
     with _far_draft_stack(loop_thread, tiny_pair, "hybrid") as generate:
         tokens, stats = generate(ADAPTIVE)
         assert tokens == expected
@@ -108,7 +109,7 @@ def test_hybrid_stretches_look_up_and_the_lookup_still_proposes(loop_thread, tin
         assert decode_calls >= 1
         assert decode_calls <= stats.decoded_tokens <= ks.count(0)  # a stretch is K = 0 rounds
         assert 0 < stats.decode_lookup_accepted <= stats.decode_lookup_drafts, stats
-        assert stats.drafted_by_method.get("suffix", 0) > 0
+        assert stats.decoded_tokens > 4 * decode_calls  # stretches longer than the old cap of 4
 
 
 def test_a_stretch_cut_short_by_the_request_end_teaches_no_pace(loop_thread, tiny_pair, expected):
