@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from specdec.pass_costs import StepPassCosts
 from specdec.errors import Overloaded
 
 if TYPE_CHECKING:  # torch stays out of processes that only import the model thread
@@ -158,6 +159,8 @@ class ModelWorker:
         self._last_pass_seconds = 0.0
         self.counters = PassCounters()
         self.observer: PassObserver | None = None
+        # What one more row costs a pass, from the step passes (specdec.pass_costs).
+        self.step_costs = StepPassCosts()
 
     @property
     def load(self) -> float:
@@ -326,6 +329,8 @@ class ModelWorker:
                                      counters.pass_sessions_total + len(feeds))
         if self.observer is not None:
             self.observer.pass_ran(rows, len(feeds), seconds)
+        if all(feed.keep_all or len(feed.token_ids) == 1 for feed in feeds):  # no prompt chunk
+            self.step_costs.record(rows, len(feeds), seconds)
         for (entry, feed), entry_logits in zip(chosen, logits):
             entry.compute_seconds += seconds
             entry.passes += 1

@@ -69,9 +69,13 @@ class TargetSessionState:
 
 
 class TargetEngine:
-    def __init__(self, loaded: LoadedModel, max_num_speculative_tokens: int) -> None:
+    def __init__(self, loaded: LoadedModel, max_num_speculative_tokens: int,
+                 row_price: Callable[[], float] = lambda: 0.0) -> None:
         self.loaded = loaded
         self.max_num_speculative_tokens = max_num_speculative_tokens
+        # The chance a looked-up token needs to pay for its row, as this replica measures its
+        # passes (specdec.pass_costs); a Decode's caller may ask for more.
+        self.row_price = row_price
         # The replica's acceptance of looked-up tokens per match length, greedy and sampled apart:
         # a session's first lookups start from it.
         self.lookup_priors = {True: LookupPriors(), False: LookupPriors()}
@@ -197,8 +201,9 @@ class TargetEngine:
     def _looked_up(self, state: TargetSessionState, max_tokens: int, min_chance: float) -> Proposal:
         """Up to max_tokens tokens to follow C, looked up in C itself (the last 2 to 4 tokens
         matched where they occurred before, the continuation there proposed), as many of them as
-        have at least min_chance of being accepted together with the ones before them, by the
-        session's acceptance of looked-up tokens so far per match length."""
+        have at least min_chance (or the replica's own price of a row, if higher) of being
+        accepted together with the ones before them, by the session's acceptance of looked-up
+        tokens so far per match length."""
         max_tokens = min(max_tokens, self.max_num_speculative_tokens)
         if max_tokens <= 0:
             return _NO_DRAFTS
@@ -206,6 +211,8 @@ class TargetEngine:
             state.lookup = SessionLookup(
                 NgramProposer(), LookupAcceptance(priors=self.lookup_priors[state.sampling.greedy]))
         found = state.lookup.proposer.propose(state.tokens, max_tokens)
+        if found.token_ids:
+            min_chance = max(min_chance, self.row_price())
         chance, count = 1.0, 0
         for alpha in state.lookup.acceptance.alphas(found.match_lengths):
             chance *= alpha

@@ -30,7 +30,7 @@ class TargetService(SessionService[TargetSessionState]):
 
     def __init__(self, loaded: LoadedModel, config: ServiceConfig) -> None:
         super().__init__(loaded, config, size_of=lambda state: len(state.cache))
-        self.engine = TargetEngine(loaded, config.max_num_speculative_tokens)
+        self.engine = TargetEngine(loaded, config.max_num_speculative_tokens, self._row_price)
         self._tokenizer_files = tokenizer_files(loaded.tokenizer)
         # Sessions in a Decode call, each with its latest DraftOffer (None before the first).
         self._offers: dict[str, DraftOffer | None] = {}
@@ -78,6 +78,12 @@ class TargetService(SessionService[TargetSessionState]):
             return await self.call(handle, apply)
         finally:
             self._offers.pop(session_id, None)
+
+    def _row_price(self) -> float:
+        """The chance a looked-up token needs to pay for its row in the next pass, as this
+        replica's step passes price a row (0 until they have)."""
+        price = self.worker.step_costs.price()
+        return price.chance if price is not None else 0.0
 
     def offer(self, session_id: str, offer: DraftOffer) -> tuple[bool, int]:
         """Holds offer for the session's running Decode (-> True and its committed length when it

@@ -138,3 +138,15 @@ def test_sampled_lookups_leave_the_targets_law(tmp_path):
     p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(torch.tensor(samples)), law)
     assert p_value > sampling.ALPHA, summary
     assert looked_up.passes == 2_000 and 200 < looked_up.accepted < looked_up.drafts, looked_up
+
+
+def test_the_replicas_own_price_of_a_row_holds_when_the_caller_asks_less(loaded):
+    """The target's price (its step passes' cost of a row, specdec.pass_costs) is a floor under
+    the caller's min_chance: at 1, nothing looked up is verified; at 0, the caller's rules."""
+    plain, _, _, _ = _decode(loaded, None)
+    tokens, _, never, _ = _decode(loaded, DecodeLookup(8, min_chance=0.0),
+                                  engine=TargetEngine(loaded, 8, row_price=lambda: 1.0))
+    assert tokens == plain and never.passes == 0
+    _, _, some, _ = _decode(loaded, DecodeLookup(8, min_chance=0.0),
+                            engine=TargetEngine(loaded, 8, row_price=lambda: 0.0))
+    assert some.passes > 0
