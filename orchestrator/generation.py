@@ -599,9 +599,10 @@ class Generation:
         """Lookups in the Decode's own passes, for a speculating request whose draft method looks
         up (local_draft: hybrid, ngram, suffix) under the adaptive controller: where no drafts are
         offered, each pass verifies the tokens the target finds after C in C itself, as many as
-        the controller's price of a row allows (LookupChooser.decode_lookup_min_chance). The
-        target looks them up with no hop, so a stretch of K = 0 rounds, the guard's K = 0 and a
-        streamed request still speculate where the text repeats itself."""
+        the price of a row allows: the controller's (LookupChooser.decode_lookup_min_chance), the
+        target's own if higher, and while the guard holds K = 0 at least GUARDED_LOOKUP_CHANCE.
+        The target looks them up with no hop, so a stretch of K = 0 rounds, the guard's K = 0
+        and a streamed request still speculate where the text repeats itself."""
         if not self.request.speculate or self.local_draft is None or not isinstance(self.policy, LookupChooser):
             return None
         max_tokens = self._max_num_speculative_tokens()
