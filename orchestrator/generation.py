@@ -471,7 +471,7 @@ class Generation:
         adaptive controller while its choice is K = 0), to decode in one call; 0 runs a round.
         The adaptive controller weighs a lookup draft's proposals each round: the lookup is asked
         first, a proposal the controller would verify gets its round; a stretch whose Decode
-        looks up tokens itself (_decode_lookup) runs to the controller's next probe, any other
+        looks up tokens itself (_looks_up_in_decode) runs to the controller's next probe, any other
         at most LOOKUP_PLAIN_STEPS, so that the lookup is asked again soon."""
         if not isinstance(self.policy, PlainStretches):
             return 0
@@ -482,7 +482,7 @@ class Generation:
         model_k = self._model_k_beside(self.local_draft, 0, self._model_draft_in_reach())
         if found.token_ids and self.policy.choose_lookup(found.match_lengths, model_k):
             return 0
-        return rounds if self._decode_lookup() is not None else min(rounds, LOOKUP_PLAIN_STEPS)
+        return rounds if self._looks_up_in_decode() else min(rounds, LOOKUP_PLAIN_STEPS)
 
     def _can_shadow_probe(self) -> bool:
         """Whether a probe can run beside a stretch (ShadowProbes): a model draft replica holding
@@ -603,15 +603,18 @@ class Generation:
         target's own if higher, and while the guard holds K = 0 at least GUARDED_LOOKUP_CHANCE.
         The target looks them up with no hop, so a stretch of K = 0 rounds, the guard's K = 0
         and a streamed request still speculate where the text repeats itself."""
-        if not self.request.speculate or self.local_draft is None or not isinstance(self.policy, LookupChooser):
+        if not self._looks_up_in_decode():
             return None
-        max_tokens = self._max_num_speculative_tokens()
-        if max_tokens <= 0:
-            return None
+        assert isinstance(self.policy, LookupChooser)
         min_chance = self.policy.decode_lookup_min_chance()
         if not self._speculating():  # the guard holds the system at K = 0: the load is heavy
             min_chance = max(min_chance, GUARDED_LOOKUP_CHANCE)
-        return DecodeLookup(max_tokens, min_chance)
+        return DecodeLookup(self._max_num_speculative_tokens(), min_chance)
+
+    def _looks_up_in_decode(self) -> bool:
+        """Whether this request's Decode calls look up tokens in their own passes (_decode_lookup)."""
+        return (self.request.speculate and self.local_draft is not None and isinstance(self.policy, LookupChooser)
+                and self._max_num_speculative_tokens() > 0)
 
     def _guarded_steps(self) -> int:
         """Tokens to decode under the guard: as many as fit before its answer may change (at the

@@ -57,7 +57,22 @@ class StepPassCosts:
     def line(self) -> tuple[float, float] | None:
         """(a, b) of T(rows) = a + b rows, b >= 0; None before the rows have varied enough."""
         with self._lock:
-            weight, rows, seconds, rows2, cross = self._sums
+            sums = tuple(self._sums)
+        return self._fit(sums)
+
+    def price(self) -> RowPrice | None:
+        """One more row's price at the last step pass's sessions and rows; None until known."""
+        with self._lock:
+            sums, last = tuple(self._sums), self._last
+        line = self._fit(sums)
+        if line is None or last is None:
+            return None
+        a, b = line
+        sessions, rows = last
+        return RowPrice(sessions, rows, b, a + b * rows)
+
+    def _fit(self, sums: tuple[float, ...]) -> tuple[float, float] | None:
+        weight, rows, seconds, rows2, cross = sums
         if weight <= 0.0:
             return None
         mean_rows, mean_seconds = rows / weight, seconds / weight
@@ -66,14 +81,3 @@ class StepPassCosts:
             return None
         slope = max(0.0, (cross / weight - mean_rows * mean_seconds) / variance)
         return mean_seconds - slope * mean_rows, slope
-
-    def price(self) -> RowPrice | None:
-        """One more row's price at the last step pass's sessions and rows; None until known."""
-        line = self.line()
-        with self._lock:
-            last = self._last
-        if line is None or last is None:
-            return None
-        a, b = line
-        sessions, rows = last
-        return RowPrice(sessions, rows, b, a + b * rows)

@@ -83,6 +83,18 @@ def stack_same(loop_thread, tiny_pair):
 
 
 @pytest.fixture(scope="session")
+def endless_target(tiny_pair):
+    """The tiny target as a model service loads it (float64), with no end-of-sequence tokens: a
+    TargetEngine's Decode runs to the length it is asked for."""
+    import dataclasses
+
+    from specdec.models import ModelConfig, load_model
+
+    model = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
+    return dataclasses.replace(model, eos_token_ids=())
+
+
+@pytest.fixture(scope="session")
 def reference_target(tiny_pair):
     """The target alone, in-process, for model.generate references."""
     from transformers import AutoModelForCausalLM

@@ -6,9 +6,7 @@ the target's law."""
 
 from __future__ import annotations
 
-import dataclasses
 
-import pytest
 import torch
 
 from specdec.models import ModelConfig, load_model
@@ -24,29 +22,23 @@ GREEDY = SamplingParams(temperature=0.0)
 STEPS = 40
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_pair):
-    model = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
-    return dataclasses.replace(model, eos_token_ids=())
-
-
-def _decode(loaded, lookup: DecodeLookup | None, offered=None, steps: int = STEPS, max_k: int = 8,
+def _decode(endless_target, lookup: DecodeLookup | None, offered=None, steps: int = STEPS, max_k: int = 8,
             engine: TargetEngine | None = None):
     """Prefill + one Decode of `steps` tokens -> (the first token and the decoded ones, the state,
     the lookups' tally, the offers' tally)."""
-    engine = engine or TargetEngine(loaded, max_k)
-    state, first = run_alone(loaded.model, engine.prefill(PROMPT, GREEDY, resume=False))
+    engine = engine or TargetEngine(endless_target, max_k)
+    state, first = run_alone(endless_target.model, engine.prefill(PROMPT, GREEDY, resume=False))
     looked_up, offers = DraftTally(), DraftTally()
-    tokens = run_alone(loaded.model, engine.decode(state, steps, offered=offered or (lambda: None), tally=offers,
+    tokens = run_alone(endless_target.model, engine.decode(state, steps, offered=offered or (lambda: None), tally=offers,
                                                    lookup=lookup, looked_up=looked_up))
     return [first, *(token.token_id for token in tokens)], state, looked_up, offers
 
 
-def test_lookups_leave_greedy_tokens_unchanged_and_take_fewer_passes(loaded):
-    plain, _, none, _ = _decode(loaded, None)
+def test_lookups_leave_greedy_tokens_unchanged_and_take_fewer_passes(endless_target):
+    plain, _, none, _ = _decode(endless_target, None)
     assert none.passes == 0
     for max_tokens in (1, 3, 8):
-        tokens, state, looked_up, _ = _decode(loaded, DecodeLookup(max_tokens))
+        tokens, state, looked_up, _ = _decode(endless_target, DecodeLookup(max_tokens))
         assert tokens == plain, max_tokens
         assert state.tokens == [*PROMPT, *tokens]  # the session's tokens are C
         assert state.committed_length == len(state.tokens)
@@ -57,46 +49,46 @@ def test_lookups_leave_greedy_tokens_unchanged_and_take_fewer_passes(loaded):
         assert passes < len(tokens) - 1
 
 
-def test_lookups_stop_at_the_engines_most_drafts_and_the_calls_max_tokens(loaded):
-    plain, _, _, _ = _decode(loaded, None)
+def test_lookups_stop_at_the_engines_most_drafts_and_the_calls_max_tokens(endless_target):
+    plain, _, _, _ = _decode(endless_target, None)
     for steps in (1, 2, 5):
-        tokens, _, looked_up, _ = _decode(loaded, DecodeLookup(16), steps=steps, max_k=3)
+        tokens, _, looked_up, _ = _decode(endless_target, DecodeLookup(16), steps=steps, max_k=3)
         assert tokens == plain[:steps + 1]
         assert looked_up.drafts <= max(0, steps - 1) * max(1, looked_up.passes)
-    _, _, looked_up, _ = _decode(loaded, DecodeLookup(16), max_k=3)
+    _, _, looked_up, _ = _decode(endless_target, DecodeLookup(16), max_k=3)
     assert 0 < looked_up.drafts <= 3 * looked_up.passes
 
 
-def test_the_price_of_a_row_bounds_what_is_verified(loaded):
+def test_the_price_of_a_row_bounds_what_is_verified(endless_target):
     """min_chance 1: no looked-up token is sure enough, so none is verified; in between, fewer
     than at 0."""
-    plain, _, _, _ = _decode(loaded, None)
-    tokens, _, never, _ = _decode(loaded, DecodeLookup(8, min_chance=1.0))
+    plain, _, _, _ = _decode(endless_target, None)
+    tokens, _, never, _ = _decode(endless_target, DecodeLookup(8, min_chance=1.0))
     assert tokens == plain and never.passes == 0
-    _, _, everything, _ = _decode(loaded, DecodeLookup(8, min_chance=0.0))
-    _, _, some, _ = _decode(loaded, DecodeLookup(8, min_chance=0.3))
+    _, _, everything, _ = _decode(endless_target, DecodeLookup(8, min_chance=0.0))
+    _, _, some, _ = _decode(endless_target, DecodeLookup(8, min_chance=0.3))
     assert some.drafts / max(1, some.passes) < everything.drafts / everything.passes
 
 
-def test_offered_drafts_come_before_lookups(loaded):
-    plain, _, _, _ = _decode(loaded, None)
+def test_offered_drafts_come_before_lookups(endless_target):
+    plain, _, _, _ = _decode(endless_target, None)
     committed = [*PROMPT, *plain]
 
     def offer_at(length: int) -> DraftOffer:  # the target's own next two tokens, always
         return DraftOffer(length, Proposal(tuple(committed[length:length + 2])), 2)
 
-    engine = TargetEngine(loaded, 8)
-    state, first = run_alone(loaded.model, engine.prefill(PROMPT, GREEDY, resume=False))
+    engine = TargetEngine(endless_target, 8)
+    state, first = run_alone(endless_target.model, engine.prefill(PROMPT, GREEDY, resume=False))
     looked_up, offers = DraftTally(), DraftTally()
-    tokens = run_alone(loaded.model, engine.decode(state, STEPS, offered=lambda: offer_at(state.committed_length),
+    tokens = run_alone(endless_target.model, engine.decode(state, STEPS, offered=lambda: offer_at(state.committed_length),
                                                    tally=offers, lookup=DecodeLookup(8), looked_up=looked_up))
     assert [first, *(token.token_id for token in tokens)] == plain
     assert offers.passes > 0 and looked_up.passes == 0
 
 
-def test_sessions_learn_their_lookups_acceptance_and_the_replica_keeps_it(loaded):
-    engine = TargetEngine(loaded, 8)
-    _, state, looked_up, _ = _decode(loaded, DecodeLookup(8), engine=engine)
+def test_sessions_learn_their_lookups_acceptance_and_the_replica_keeps_it(endless_target):
+    engine = TargetEngine(endless_target, 8)
+    _, state, looked_up, _ = _decode(endless_target, DecodeLookup(8), engine=engine)
     assert state.lookup is not None and state.lookup.acceptance.estimates()
     snapshot = engine.lookup_priors[True].snapshot()
     assert any(alpha is not None for alpha in snapshot)
@@ -124,29 +116,29 @@ def test_sampled_lookups_leave_the_targets_law(tmp_path):
     model = sampling._small_model(seed=11)
     prompt = _lookup_prompt(model)
     model_dir = tiny_models.save(model, tmp_path / "target", with_tokenizer=False)
-    loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
+    small = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
     law = sampling.reference_joint_law(sampling._load(model_dir),
                                        sampling.Config(temperature=1.0, top_k=0, num_samples=0, first_seed=0),
                                        prompt)
-    engine = TargetEngine(loaded, 4)
+    engine = TargetEngine(small, 4)
     samples, looked_up = [], DraftTally()
     for seed in range(2_000):
         params = SamplingParams(temperature=1.0, seed=70_000 + seed)
-        state, first = run_alone(loaded.model, engine.prefill(prompt, params, resume=False))
-        tokens = run_alone(loaded.model, engine.decode(state, 2, lookup=DecodeLookup(4), looked_up=looked_up))
+        state, first = run_alone(small.model, engine.prefill(prompt, params, resume=False))
+        tokens = run_alone(small.model, engine.decode(state, 2, lookup=DecodeLookup(4), looked_up=looked_up))
         samples.append([first, *(token.token_id for token in tokens[:2])])
     p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(torch.tensor(samples)), law)
     assert p_value > sampling.ALPHA, summary
     assert looked_up.passes == 2_000 and 200 < looked_up.accepted < looked_up.drafts, looked_up
 
 
-def test_the_replicas_own_price_of_a_row_holds_when_the_caller_asks_less(loaded):
+def test_the_replicas_own_price_of_a_row_holds_when_the_caller_asks_less(endless_target):
     """The target's price (its step passes' cost of a row, specdec.pass_costs) is a floor under
     the caller's min_chance: at 1, nothing looked up is verified; at 0, the caller's rules."""
-    plain, _, _, _ = _decode(loaded, None)
-    tokens, _, never, _ = _decode(loaded, DecodeLookup(8, min_chance=0.0),
-                                  engine=TargetEngine(loaded, 8, row_price=lambda: 1.0))
+    plain, _, _, _ = _decode(endless_target, None)
+    tokens, _, never, _ = _decode(endless_target, DecodeLookup(8, min_chance=0.0),
+                                  engine=TargetEngine(endless_target, 8, row_price=lambda: 1.0))
     assert tokens == plain and never.passes == 0
-    _, _, some, _ = _decode(loaded, DecodeLookup(8, min_chance=0.0),
-                            engine=TargetEngine(loaded, 8, row_price=lambda: 0.0))
+    _, _, some, _ = _decode(endless_target, DecodeLookup(8, min_chance=0.0),
+                            engine=TargetEngine(endless_target, 8, row_price=lambda: 0.0))
     assert some.passes > 0

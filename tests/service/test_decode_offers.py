@@ -6,10 +6,8 @@ is."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
-import pytest
 import torch
 
 from specdec.models import ModelConfig, load_model
@@ -24,33 +22,27 @@ GREEDY = SamplingParams(temperature=0.0)
 STEPS = 24
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_pair):
-    model = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
-    return dataclasses.replace(model, eos_token_ids=())
-
-
-def _decode(loaded, offer_at=None, steps: int = STEPS, max_k: int = 8) -> tuple[list[int], DraftTally, int]:
+def _decode(endless_target, offer_at=None, steps: int = STEPS, max_k: int = 8) -> tuple[list[int], DraftTally, int]:
     """Prefill + Decode of `steps` tokens; offer_at(length) is the offer the session holds when its
     committed length is `length` (None: none). Returns the tokens after the first, the tally, and
     the first token."""
-    engine = TargetEngine(loaded, max_k)
-    state, first = run_alone(loaded.model, engine.prefill(PROMPT, GREEDY, resume=False))
+    engine = TargetEngine(endless_target, max_k)
+    state, first = run_alone(endless_target.model, engine.prefill(PROMPT, GREEDY, resume=False))
     tally = DraftTally()
     offered = (lambda: offer_at(state.committed_length)) if offer_at is not None else (lambda: None)
-    tokens = run_alone(loaded.model, engine.decode(state, steps, offered=offered, tally=tally))
+    tokens = run_alone(endless_target.model, engine.decode(state, steps, offered=offered, tally=tally))
     return [token.token_id for token in tokens], tally, first
 
 
-def test_offers_of_the_targets_own_tokens_are_all_accepted(loaded):
-    plain, _, first = _decode(loaded)
+def test_offers_of_the_targets_own_tokens_are_all_accepted(endless_target):
+    plain, _, first = _decode(endless_target)
     committed = [*PROMPT, first, *plain]
     for lag, depth in ((0, 1), (1, 3), (3, 4)):
         def offer_at(length: int, lag=lag, depth=depth) -> DraftOffer:
             start = max(len(PROMPT) + 1, length - lag)  # drafted from C as it was `lag` tokens ago
             return DraftOffer(start, Proposal(tuple(committed[start:start + lag + depth + 2])), depth)
 
-        tokens, tally, _ = _decode(loaded, offer_at)
+        tokens, tally, _ = _decode(endless_target, offer_at)
         assert tokens == plain
         assert tally.passes > 0 and tally.accepted == tally.drafts
         assert tally.drafts <= depth * tally.passes
@@ -58,11 +50,11 @@ def test_offers_of_the_targets_own_tokens_are_all_accepted(loaded):
         assert tally.passes < len(plain)
 
 
-def test_any_offers_leave_greedy_tokens_unchanged(loaded):
-    plain, _, first = _decode(loaded)
+def test_any_offers_leave_greedy_tokens_unchanged(endless_target):
+    plain, _, first = _decode(endless_target)
     committed = [*PROMPT, first, *plain]
     rng = random.Random(3)
-    vocab = loaded.vocab_size
+    vocab = endless_target.vocab_size
     for trial in range(6):
         def offer_at(length: int) -> DraftOffer | None:
             kind = rng.random()
@@ -73,18 +65,18 @@ def test_any_offers_leave_greedy_tokens_unchanged(loaded):
                       for i in range(start, start + rng.randint(1, 8))]
             return DraftOffer(start, Proposal(tuple(drafts)), rng.randint(1, 6))
 
-        tokens, tally, _ = _decode(loaded, offer_at, max_k=rng.choice([2, 8]))
+        tokens, tally, _ = _decode(endless_target, offer_at, max_k=rng.choice([2, 8]))
         assert tokens == plain, trial
         assert tally.accepted <= tally.drafts
 
 
-def test_branches_c_followed_are_verified_and_leave_greedy_tokens_unchanged(loaded):
+def test_branches_c_followed_are_verified_and_leave_greedy_tokens_unchanged(endless_target):
     """Offers whose own drafts are wrong at their first `wrong` positions, each with a branch that
     holds the target's token there (and its tokens after) and branches that do not."""
-    plain, _, first = _decode(loaded)
+    plain, _, first = _decode(endless_target)
     committed = [*PROMPT, first, *plain]
     rng = random.Random(5)
-    vocab = loaded.vocab_size
+    vocab = endless_target.vocab_size
 
     def other_than(token: int) -> int:
         return (token + rng.randrange(1, vocab)) % vocab
@@ -101,18 +93,18 @@ def test_branches_c_followed_are_verified_and_leave_greedy_tokens_unchanged(load
                 branches.append(BranchProposal(wrong, own[wrong], Proposal(tuple(own[wrong + 1:]))))
             return DraftOffer(start, Proposal(tuple(drafts)), 3, tuple(rng.sample(branches, len(branches))))
 
-        tokens, tally, _ = _decode(loaded, offer_at)
+        tokens, tally, _ = _decode(endless_target, offer_at)
         assert tokens == plain, lag
         assert tally.branch_passes > 0, lag
         assert tally.branch_passes <= tally.passes and tally.accepted <= tally.drafts
 
 
-def test_a_round_stops_at_the_calls_max_tokens(loaded):
-    plain, _, first = _decode(loaded)
+def test_a_round_stops_at_the_calls_max_tokens(endless_target):
+    plain, _, first = _decode(endless_target)
     committed = [*PROMPT, first, *plain]
     for steps in (1, 2, 5):
         tokens, tally, _ = _decode(
-            loaded, lambda length: DraftOffer(length, Proposal(tuple(committed[length:length + 8])), 8),
+            endless_target, lambda length: DraftOffer(length, Proposal(tuple(committed[length:length + 8])), 8),
             steps=steps)
         assert tokens == plain[:steps]
         assert tally.drafts <= max(0, steps - 1)
@@ -152,7 +144,7 @@ def test_sampled_offers_and_branches_leave_the_targets_law(tmp_path):
     test of tests/service/test_sampling_services.py)."""
     model = sampling._small_model(seed=11)
     model_dir = tiny_models.save(model, tmp_path / "target", with_tokenizer=False)
-    loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
+    small = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
     law = sampling.reference_joint_law(sampling._load(model_dir),
                                        sampling.Config(temperature=1.0, top_k=0, num_samples=0, first_seed=0))
     vocab = sampling.VOCAB_SIZE
@@ -164,12 +156,12 @@ def test_sampled_offers_and_branches_leave_the_targets_law(tmp_path):
         probs = tuple(w / sum(weights) for w in weights)
         return rng.choices(support, probs)[0], SparseDistribution(support, probs)
 
-    engine = TargetEngine(loaded, 4)
+    engine = TargetEngine(small, 4)
     start = len(sampling.PROMPT) + 1
     samples, tally = [], DraftTally()
     for seed in range(2_000):
         params = SamplingParams(temperature=1.0, seed=60_000 + seed)
-        state, first = run_alone(loaded.model, engine.prefill(sampling.PROMPT, params, resume=False))
+        state, first = run_alone(small.model, engine.prefill(sampling.PROMPT, params, resume=False))
         d1, q1 = drawn()
         branches = []
         for t in range(vocab):
@@ -177,7 +169,7 @@ def test_sampled_offers_and_branches_leave_the_targets_law(tmp_path):
                 b1, qb = drawn()
                 branches.append(BranchProposal(0, t, Proposal((b1,), (qb,))))
         offer = DraftOffer(start, Proposal((d1,), (q1,)), 1, tuple(branches))
-        tokens = run_alone(loaded.model, engine.decode(state, 3, offered=lambda: offer, tally=tally))
+        tokens = run_alone(small.model, engine.decode(state, 3, offered=lambda: offer, tally=tally))
         samples.append([first, *(token.token_id for token in tokens[:2])])
     p_value, summary = sampling.chi_square_p_value(sampling._joint_counts(torch.tensor(samples)), law)
     assert p_value > sampling.ALPHA, summary
