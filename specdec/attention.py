@@ -73,24 +73,52 @@ def ragged_attention(
     gqa = key.shape[1] != query.shape[1]
     dtype = query.dtype
     query = query.to(ragged.spans[0].cache.dtype)  # the caches' dtype (specdec.kv_cache.attention_dtype)
-    outputs = []
+    outputs = []  # (H, n, D) each
     for span in ragged.spans:
-        keys, values = span.cache.append(layer, key[:, :, span.start:span.end], value[:, :, span.start:span.end])
+        new_keys, new_values = key[:, :, span.start:span.end], value[:, :, span.start:span.end]
         if not span.calls:
+            keys, values = span.cache.append(layer, new_keys, new_values)
             outputs.append(torch.nn.functional.scaled_dot_product_attention(
                 query[:, :, span.start:span.end], keys, values, attn_mask=span.mask, scale=scaling,
-                enable_gqa=gqa))
+                enable_gqa=gqa)[0])
             continue
-        # Batch-invariant: each call sees exactly the keys up to its last row, as a pass that fed
-        # these rows alone would (specdec.ragged).
-        cached = keys.shape[2] - (span.end - span.start)
-        for first, end in span.calls:
-            mask = None if end - first == 1 else span.mask[first:end, :cached + end]
+        # Batch-invariant (specdec.ragged): each call computes its rows as a pass that fed them
+        # alone would.
+        cached = len(span.cache)
+        span.cache.write(layer, new_keys, new_values, room=span.room)
+        for call in span.calls:
+            first, end = span.start + call.first, span.start + call.end
+            if call.bias is not None:
+                keys, values = span.cache.padded(layer, call.bias.shape[-1])
+                outputs.append(block_rows_attention(query[0, :, first:end], keys, values, call.bias, scaling))
+                continue
+            keys, values = span.cache.padded(layer, cached + call.end)
             outputs.append(torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, span.start + first:span.start + end], keys[:, :, :cached + end],
-                values[:, :, :cached + end], attn_mask=mask, scale=scaling, enable_gqa=gqa))
-    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (1, H, N, D)
-    return output.transpose(1, 2).to(dtype).contiguous(), None
+                query[:, :, first:end], keys.unsqueeze(0), values.unsqueeze(0),
+                attn_mask=span.mask[call.first:call.end, :cached + call.end], scale=scaling, enable_gqa=gqa)[0])
+    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (H, N, D)
+    return output.transpose(0, 1).unsqueeze(0).to(dtype).contiguous(), None
+
+
+def block_rows_attention(
+    query: torch.Tensor,  # (H, n, D): rows at consecutive positions in one block of positions
+    keys: torch.Tensor,  # (H_kv, L, D): the session's keys up to that block's end
+    values: torch.Tensor,  # (H_kv, L, D)
+    bias: torch.Tensor,  # (G n, L), G = H / H_kv: 0 where a row of a group sees the key, -inf past its position
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention of rows that each see the keys up to their own position, computed over the
+    keys up to the end of their block (the rest masked by `bias`) in plain batched products, the
+    rows of each key/value head's query heads stacked: each row gets exactly the value it gets
+    alone, however many rows share the call, where the products' kernels keep a row's value
+    whatever rows are beside it (specdec.ragged.row_attention_invariant checks at load). torch's
+    fused kernel does not (nor with a different number of keys, hence the padding to the block's
+    end). Returns (H, n, D)."""
+    heads, rows, dim = query.shape
+    kv_heads = keys.shape[0]
+    grouped = query.reshape(kv_heads, heads // kv_heads * rows, dim)
+    scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=dim ** -0.5 if scaling is None else scaling)
+    return torch.bmm(torch.softmax(scores, dim=-1), values).view(heads, rows, dim)
 
 
 AttentionInterface.register(NAME, sdpa_keeping_kv_heads)

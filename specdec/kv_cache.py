@@ -2,7 +2,8 @@
 
 Each layer's keys and values live in a buffer with spare room at the end (doubled when full), so
 feeding a token writes in place instead of copying the whole cache, and truncating only moves the
-length. Several sessions' caches are fed in one forward pass by specdec.ragged.
+length. The room holds finite values (zeros, or the keys of truncated tokens): a batch-invariant
+pass attends over keys padded into it, masked (specdec.ragged). Several sessions' caches are fed in one forward pass by specdec.ragged.
 
 The buffers hold the attention's dtype (attention_dtype): the model's, except float32 for a
 bfloat16 or float16 model on a CPU, whose attention then runs in float32 (specdec.attention).
@@ -43,6 +44,13 @@ class SequenceCache:
         self.token_ids: list[int] = []
         self._keys: list[torch.Tensor | None] = [None] * self.num_layers  # (1, H_kv, capacity, D)
         self._values: list[torch.Tensor | None] = [None] * self.num_layers
+        self._flat: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers  # (H_kv, capacity, D) views
+        from specdec.ragged import batch_invariant  # the forward pass builds on this module
+
+        # A batch-invariant model's attention multiplies by the keys transposed
+        # (specdec.attention.block_rows_attention): they are stored so, one row per head dimension,
+        # behind the same (1, H_kv, capacity, D) view.
+        self._keys_by_dimension = batch_invariant(model)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -64,9 +72,10 @@ class SequenceCache:
             if keys is None or values is None:
                 raise ValueError("the cache is empty")
             shape = (1, keys.shape[1], max(_MIN_CAPACITY, length + _FORK_ROOM), keys.shape[3])
-            fork._keys[i], fork._values[i] = keys.new_empty(shape), values.new_empty(shape)
+            fork._keys[i], fork._values[i] = self._new_keys(keys, shape), values.new_zeros(shape)
             fork._keys[i][:, :, :length] = keys[:, :, :length]
             fork._values[i][:, :, :length] = values[:, :, :length]
+            fork._flat[i] = (fork._keys[i][0], fork._values[i][0])
         return fork
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,21 +89,43 @@ class SequenceCache:
         """Writes keys/values (1, H_kv, n, D) after the cached tokens of `layer`, in the cache's
         dtype; returns the layer's keys and values for all len(self) + n positions. The length
         itself moves in `extend`, once the whole pass is done."""
+        self.write(layer, keys, values)
+        end = len(self.token_ids) + keys.shape[2]
+        return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor, room: int = 0) -> None:
+        """Writes as `append` does, returning nothing; the buffer then holds at least `room`
+        positions (see `padded`)."""
         start = len(self.token_ids)
         end = start + keys.shape[2]
         buffer_k, buffer_v = self._keys[layer], self._values[layer]
-        if buffer_k is None or buffer_k.shape[2] < end:
-            capacity = max(_MIN_CAPACITY, end, 2 * (0 if buffer_k is None else buffer_k.shape[2]))
+        if buffer_k is None or buffer_k.shape[2] < max(end, room):
+            capacity = max(_MIN_CAPACITY, end, room, 2 * (0 if buffer_k is None else buffer_k.shape[2]))
             shape = (1, keys.shape[1], capacity, keys.shape[3])
-            grown_k = keys.new_empty(shape, dtype=self.dtype)
-            grown_v = values.new_empty(shape, dtype=self.dtype)
+            grown_k = self._new_keys(keys, shape)
+            grown_v = values.new_zeros(shape, dtype=self.dtype)
             if buffer_k is not None and start:
                 grown_k[:, :, :start] = buffer_k[:, :, :start]
                 grown_v[:, :, :start] = buffer_v[:, :, :start]
             self._keys[layer], self._values[layer] = buffer_k, buffer_v = grown_k, grown_v
+            self._flat[layer] = (grown_k[0], grown_v[0])
         buffer_k[:, :, start:end] = keys
         buffer_v[:, :, start:end] = values
-        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+
+    def _new_keys(self, like: torch.Tensor, shape: tuple[int, int, int, int]) -> torch.Tensor:
+        """A zeroed key buffer of `shape` (1, H_kv, capacity, D), stored by head dimension where
+        the model's attention wants the keys transposed."""
+        if not self._keys_by_dimension:
+            return like.new_zeros(shape, dtype=self.dtype)
+        return like.new_zeros((shape[0], shape[1], shape[3], shape[2]), dtype=self.dtype).transpose(2, 3)
+
+    def padded(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of `layer`'s first `length` positions, past the cached ones too
+        (finite there: zeros, or truncated tokens'), without the batch dimension: (H_kv, length, D)."""
+        flat = self._flat[layer]
+        if flat is None or flat[0].shape[1] < length:
+            raise ValueError(f"the cache holds no room for {length} positions")
+        return flat[0][:, :length], flat[1][:, :length]
 
     def extend(self, token_ids: list[int]) -> None:
         """Records token_ids as fed (after every layer has appended their keys and values)."""

@@ -10,26 +10,33 @@ multiplications see more rows), so batching never changes what the lossless rule
 what a different kernel would.
 
 A batch-invariant model (mark_batch_invariant: bfloat16 with oneDNN's packing, whose products give
-each row exactly its value alone) removes even the rounding: attention then runs row by row for a
-feed whose every row is scored (a Verify's K + 1 rows, each over exactly the cache a one-token step
-at its position would see) and in blocks of PREFILL_BLOCK positions for a prompt (the worker cuts
-prompts into chunks at those positions too), so that a row's logits are the same bits whatever
-else shares the pass and however a prompt was chunked: greedy output is then identical to the
-target decoding alone, under any load.
+each row exactly its value alone) removes even the rounding. Attention then computes every row that
+is scored (a Verify's K + 1 rows, a decoding step) or that was once fed as such (a re-prefill) in
+one canonical way, over the keys up to the end of its block of ROW_KEY_BLOCK positions, the rest
+masked (specdec.attention.block_rows_attention): the rows of a session in one block share one call,
+which gives each row exactly its value alone (checked at load; where it does not, each row runs in
+a call of its own). A prompt attends in blocks of PREFILL_BLOCK positions (the worker cuts prompts
+into chunks at those positions too). So a row's logits are the same bits whatever else shares the
+pass and however a prompt was chunked: greedy output is then identical to the target decoding
+alone, under any load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+import logging
+import threading
 from typing import TypeVar
 
 import torch
 
-from specdec.attention import RAGGED
-from specdec.kv_cache import SequenceCache
+from specdec.attention import RAGGED, block_rows_attention
+from specdec.kv_cache import SequenceCache, attention_dtype
 from specdec.packed_linear import rows_invariant
 
+
+log = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 
@@ -58,20 +65,89 @@ Job = Generator[Feed, torch.Tensor, Result]
 # worker ends prompt chunks on them: a prompt's rows then get the same attention calls however it
 # is chunked.
 PREFILL_BLOCK = 16
+# A batch-invariant model's scored rows attend over the keys up to the end of their block of this
+# many positions (block_rows_attention): one call for a session's rows in a block.
+ROW_KEY_BLOCK = 16
 _BATCH_INVARIANT = "_specdec_batch_invariant"
+_ROWS_TOGETHER = "_specdec_rows_together"
 
 
 def mark_batch_invariant(model: torch.nn.Module) -> bool:
     """Records (and returns) whether the model's passes are batch-invariant: every linear layer
     gives each row exactly its value alone (specdec.packed_linear.rows_invariant). Call after
-    packing; forward then runs attention as the module's docstring says."""
+    packing; forward then runs attention as the module's docstring says, a session's rows of one
+    block in one call where that keeps each row's value (row_attention_invariant)."""
     invariant = rows_invariant(model)
     setattr(model, _BATCH_INVARIANT, invariant)
+    if invariant:
+        heads, kv_heads, dim = _head_shape(model)
+        setattr(model, _ROWS_TOGETHER, row_attention_invariant(heads, kv_heads, dim, attention_dtype(model)))
     return invariant
 
 
 def batch_invariant(model: torch.nn.Module) -> bool:
     return bool(getattr(model, _BATCH_INVARIANT, False))
+
+
+def row_attention_invariant(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, trials: int = 3) -> bool:
+    """Whether block_rows_attention gives each row exactly its value alone with up to a block of
+    rows beside it, on random keys at a few context lengths (its products' kernels decide)."""
+    generator = torch.Generator().manual_seed(0)
+    groups = heads // kv_heads
+    for trial in range(trials):
+        length = ROW_KEY_BLOCK * (1 + 7 * trial)
+        keys, values = (torch.randn(kv_heads, length, dim, generator=generator).to(dtype) for _ in range(2))
+        query = torch.randn(heads, ROW_KEY_BLOCK, dim, generator=generator).to(dtype)
+        alone = torch.cat([block_rows_attention(query[:, row:row + 1], keys, values,
+                                                _bias(row, 1, length, groups, dtype, keys.device), None)
+                           for row in range(ROW_KEY_BLOCK)], dim=1)
+        for rows in (2, 3, 5, ROW_KEY_BLOCK):
+            for first in range(0, ROW_KEY_BLOCK - rows + 1, rows):
+                together = block_rows_attention(query[:, first:first + rows], keys, values,
+                                                _bias(first, rows, length, groups, dtype, keys.device), None)
+                if not torch.equal(together, alone[:, first:first + rows]):
+                    log.warning("attention rows round differently together: each scored row attends "
+                                "in a call of its own (slower verify passes, the same values)")
+                    return False
+    return True
+
+
+def _head_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, dim
+
+
+class _RowBiases:
+    """block_rows_attention's masks, as views of one staircase per dtype and query-head group
+    count: staircase[g, r, k] is -inf where k > width - ROW_KEY_BLOCK + r, so its last L columns
+    mask, for the row at offset r in the block that ends at L, the keys past its position."""
+
+    def __init__(self) -> None:
+        self._staircases: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, first: int, rows: int, length: int, groups: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        """(groups rows, length): rows at offsets first.. of the block that ends at `length`."""
+        key = (groups, dtype, device)
+        with self._lock:
+            staircase = self._staircases.get(key)
+            if staircase is None or staircase.shape[-1] < length:
+                width = max(length, 1024, 0 if staircase is None else 2 * staircase.shape[-1])
+                columns = torch.arange(width, device=device)
+                offsets = torch.arange(ROW_KEY_BLOCK, device=device).unsqueeze(1)
+                past = columns.unsqueeze(0) > width - ROW_KEY_BLOCK + offsets  # (block, width)
+                stair = torch.zeros(past.shape, dtype=dtype, device=device).masked_fill_(past, float("-inf"))
+                staircase = self._staircases[key] = stair.expand(groups, -1, -1).contiguous()
+        width = staircase.shape[-1]
+        bias = staircase[:, first:first + rows, width - length:]
+        return bias.reshape(groups * rows, length)
+
+
+_bias = _RowBiases()
 
 
 def run_alone(model: torch.nn.Module, job: Job[Result]) -> Result:
@@ -85,17 +161,29 @@ def run_alone(model: torch.nn.Module, job: Job[Result]) -> Result:
 
 
 @dataclass(frozen=True)
+class AttentionCall:
+    """One attention call of a batch-invariant pass: rows [first, end) of a span (offsets within
+    it); bias: for block rows (block_rows_attention), its mask over the keys up to the block's
+    end; None for a prompt block (the fused kernel, causal over the keys up to its last row)."""
+
+    first: int
+    end: int
+    bias: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
 class Span:
     """A session's rows in the packed sequence: [start, end), and its causal mask over the cache
     plus its new rows ((n, cached + n) bool; None for one row, which sees everything). calls: how
-    attention splits the rows into calls, as (first, end) row offsets within the span; () for one
-    call over all of them."""
+    a batch-invariant pass splits the rows into attention calls; () for one call over all of them.
+    room: the key positions its calls read, padding included."""
 
     cache: SequenceCache
     start: int
     end: int
     mask: torch.Tensor | None
-    calls: tuple[tuple[int, int], ...] = ()
+    calls: tuple[AttentionCall, ...] = ()
+    room: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,16 +193,37 @@ class RaggedBatch:
     spans: tuple[Span, ...]
 
 
-def attention_calls(cached: int, new: int, scored: bool) -> tuple[tuple[int, int], ...]:
-    """A batch-invariant pass's attention calls for `new` rows after `cached`: one per row when
-    every row is scored, else one per PREFILL_BLOCK of positions; () when one call covers all."""
-    if new == 1:
-        return ()
-    if scored:
-        return tuple((row, row + 1) for row in range(new))
+def attention_calls(cached: int, new: int, scored: bool, together: bool = True) -> tuple[tuple[int, int, int], ...]:
+    """A batch-invariant pass's attention calls for `new` rows after `cached`, as (first, end,
+    keys): block rows, each attending over the keys up to the end of its ROW_KEY_BLOCK (keys > 0),
+    for the rows of a scored feed and for a lone row (a decoding step, say); a call per
+    PREFILL_BLOCK of positions for the rest of a prompt (keys 0). Block rows share a call where
+    `together` (row_attention_invariant), else each has its own."""
+    if scored or new == 1:
+        calls = []
+        for row in range(new):
+            block_end = ((cached + row) // ROW_KEY_BLOCK + 1) * ROW_KEY_BLOCK
+            if together and calls and calls[-1][2] == block_end:
+                calls[-1] = (calls[-1][0], row + 1, block_end)
+            else:
+                calls.append((row, row + 1, block_end))
+        return tuple(calls)
     cuts = [0, *range(PREFILL_BLOCK - cached % PREFILL_BLOCK, new, PREFILL_BLOCK), new]
-    calls = tuple((first, end) for first, end in zip(cuts, cuts[1:]) if end > first)
-    return calls if len(calls) > 1 else ()
+    return tuple((first, end, ((cached + first) // ROW_KEY_BLOCK + 1) * ROW_KEY_BLOCK if end - first == 1 else 0)
+                 for first, end in zip(cuts, cuts[1:]) if end > first)
+
+
+def _span(feed: Feed, start: int, invariant: bool, together: bool, groups: int, device: torch.device) -> Span:
+    cached, new = len(feed.cache), len(feed.token_ids)
+    mask = _causal_mask(cached, new, device)
+    if not invariant:
+        return Span(feed.cache, start, start + new, mask)
+    calls = []
+    for first, end, keys in attention_calls(cached, new, feed.keep_all or feed.one_by_one, together):
+        bias = _bias((cached + first) % ROW_KEY_BLOCK, end - first, keys, groups, feed.cache.dtype, device) if keys else None
+        calls.append(AttentionCall(first, end, bias))
+    room = max((call.bias.shape[-1] for call in calls if call.bias is not None), default=0)
+    return Span(feed.cache, start, start + new, mask, tuple(calls), room)
 
 
 def _causal_mask(cached: int, new: int, device: torch.device) -> torch.Tensor | None:
@@ -139,6 +248,9 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
         raise ValueError("a session can feed only once per pass")
     device = model.device
     invariant = batch_invariant(model)
+    together = bool(getattr(model, _ROWS_TOGETHER, False))
+    heads, kv_heads, _ = _head_shape(model)
+    groups = heads // kv_heads
     token_ids: list[int] = []
     positions: list[int] = []
     keep: list[int] = []
@@ -152,8 +264,7 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
         token_ids.extend(feed.token_ids)
         positions.extend(range(cached, cached + new))
         keep.extend(range(start, start + new) if feed.keep_all else (start + new - 1,))
-        calls = attention_calls(cached, new, feed.keep_all or feed.one_by_one) if invariant else ()
-        spans.append(Span(feed.cache, start, start + new, _causal_mask(cached, new, device), calls))
+        spans.append(_span(feed, start, invariant, together, groups, device))
     output = model(
         input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),

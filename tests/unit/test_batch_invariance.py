@@ -17,6 +17,7 @@ from specdec.kv_cache import SequenceCache
 from specdec.packed_linear import ANY_ROWS, ROW_BLOCK, native_bfloat16, onednn_available, pack_linears
 from specdec.ragged import (
     PREFILL_BLOCK,
+    ROW_KEY_BLOCK,
     Feed,
     attention_calls,
     batch_invariant,
@@ -71,15 +72,40 @@ def _verify(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     return forward(model, [Feed(cache, tokens, keep_all=True)])[0]
 
 
-def test_attention_calls_split_scored_rows_one_by_one_and_prompts_at_block_positions():
-    assert attention_calls(cached=10, new=1, scored=True) == ()
-    assert attention_calls(cached=10, new=3, scored=True) == ((0, 1), (1, 2), (2, 3))
-    block = PREFILL_BLOCK
-    assert attention_calls(cached=0, new=block, scored=False) == ()  # one block: one call
+def test_attention_calls_group_scored_rows_by_key_block_and_split_prompts_at_block_positions():
+    key_block, block = ROW_KEY_BLOCK, PREFILL_BLOCK
+    # a lone row (a decoding step): its keys padded to the end of its block
+    assert attention_calls(cached=10, new=1, scored=False) == ((0, 1, key_block),)
+    assert attention_calls(cached=key_block, new=1, scored=True) == ((0, 1, 2 * key_block),)
+    # a verify's rows: one call per block they fall in, or one per row where rows must run alone
+    assert attention_calls(cached=10, new=3, scored=True) == ((0, 3, key_block),)
+    assert attention_calls(cached=key_block - 2, new=5, scored=True) == (
+        (0, 2, key_block), (2, 5, 2 * key_block))
+    assert attention_calls(cached=10, new=3, scored=True, together=False) == (
+        (0, 1, key_block), (1, 2, key_block), (2, 3, key_block))
+    # a prompt: a call per block of positions, causal (keys 0); a lone row as a step's
+    assert attention_calls(cached=0, new=block, scored=False) == ((0, block, 0),)
     assert attention_calls(cached=0, new=2 * block + 3, scored=False) == (
-        (0, block), (block, 2 * block), (2 * block, 2 * block + 3))
+        (0, block, 0), (block, 2 * block, 0), (2 * block, 2 * block + 3, 0))
+    assert attention_calls(cached=0, new=block + 1, scored=False) == (
+        (0, block, 0), (block, block + 1, (block // key_block + 1) * key_block))
     # a feed that starts inside a block: its first call ends where that block does
-    assert attention_calls(cached=block - 2, new=5, scored=False) == ((0, 2), (2, 5))
+    assert attention_calls(cached=block - 2, new=5, scored=False) == ((0, 2, 0), (2, 5, 0))
+
+
+@needs_native_bfloat16
+def test_where_rows_must_attend_alone_a_verify_pass_still_scores_every_row_as_a_step(invariant_model):
+    """The fallback of a CPU whose products round a row differently beside others
+    (row_attention_invariant false at load): each block row in a call of its own, the same bits."""
+    rng = random.Random(6)
+    together = getattr(invariant_model, "_specdec_rows_together")
+    try:
+        setattr(invariant_model, "_specdec_rows_together", False)
+        for prompt_length, rows in ((14, 5), (70, 9)):
+            prompt, fed = _tokens(rng, prompt_length), _tokens(rng, rows)
+            assert torch.equal(_verify(invariant_model, prompt, fed), _steps(invariant_model, prompt, fed))
+    finally:
+        setattr(invariant_model, "_specdec_rows_together", together)
 
 
 def test_prompt_chunks_end_on_block_positions_whatever_the_budget():
