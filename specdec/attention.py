@@ -73,6 +73,9 @@ def ragged_attention(
     gqa = key.shape[1] != query.shape[1]
     dtype = query.dtype
     query = query.to(ragged.spans[0].cache.dtype)  # the caches' dtype (specdec.kv_cache.attention_dtype)
+    rows = query[0]  # (H, N, D)
+    kv_heads = key.shape[1]
+    lone_rows = rows.view(kv_heads, rows.shape[0] // kv_heads, rows.shape[1], rows.shape[2])  # (H_kv, G, N, D)
     outputs = []  # (H, n, D) each
     for span in ragged.spans:
         new_keys, new_values = key[:, :, span.start:span.end], value[:, :, span.start:span.end]
@@ -89,20 +92,22 @@ def ragged_attention(
         for call in span.calls:
             first, end = span.start + call.first, span.start + call.end
             if call.bias is not None:
-                keys, values = span.cache.padded(layer, call.bias.shape[-1])
-                outputs.append(block_rows_attention(query[0, :, first:end], keys, values, call.bias, scaling))
+                keys_t, values = span.cache.padded(layer, call.bias.shape[-1])
+                grouped = lone_rows[:, :, first] if end - first == 1 else rows[:, first:end]
+                outputs.append(block_rows_attention(grouped, end - first, keys_t, values, call.bias, scaling))
                 continue
-            keys, values = span.cache.padded(layer, cached + call.end)
+            keys_t, values = span.cache.padded(layer, cached + call.end)
             outputs.append(torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, first:end], keys.unsqueeze(0), values.unsqueeze(0),
+                query[:, :, first:end], keys_t.transpose(1, 2).unsqueeze(0), values.unsqueeze(0),
                 attn_mask=span.mask[call.first:call.end, :cached + call.end], scale=scaling, enable_gqa=gqa)[0])
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (H, N, D)
     return output.transpose(0, 1).unsqueeze(0).to(dtype).contiguous(), None
 
 
 def block_rows_attention(
-    query: torch.Tensor,  # (H, n, D): rows at consecutive positions in one block of positions
-    keys: torch.Tensor,  # (H_kv, L, D): the session's keys up to that block's end
+    query: torch.Tensor,  # (H, n, D), or (H_kv, G, D) for one row: rows at consecutive positions in one block
+    rows: int,  # n
+    keys_t: torch.Tensor,  # (H_kv, D, L): the session's keys up to that block's end, transposed
     values: torch.Tensor,  # (H_kv, L, D)
     bias: torch.Tensor,  # (G n, L), G = H / H_kv: 0 where a row of a group sees the key, -inf past its position
     scaling: float | None,
@@ -114,11 +119,11 @@ def block_rows_attention(
     whatever rows are beside it (specdec.ragged.row_attention_invariant checks at load). torch's
     fused kernel does not (nor with a different number of keys, hence the padding to the block's
     end). Returns (H, n, D)."""
-    heads, rows, dim = query.shape
-    kv_heads = keys.shape[0]
-    grouped = query.reshape(kv_heads, heads // kv_heads * rows, dim)
-    scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=dim ** -0.5 if scaling is None else scaling)
-    return torch.bmm(torch.softmax(scores, dim=-1), values).view(heads, rows, dim)
+    kv_heads, dim = keys_t.shape[0], keys_t.shape[1]
+    grouped = query.reshape(kv_heads, -1, dim)  # (H_kv, G n, D)
+    scores = torch.baddbmm(bias, grouped, keys_t, alpha=dim ** -0.5 if scaling is None else scaling)
+    output = torch.bmm(torch.softmax(scores, dim=-1), values)  # (H_kv, G n, D)
+    return output.view(-1, rows, dim)
 
 
 AttentionInterface.register(NAME, sdpa_keeping_kv_heads)

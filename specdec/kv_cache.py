@@ -44,7 +44,9 @@ class SequenceCache:
         self.token_ids: list[int] = []
         self._keys: list[torch.Tensor | None] = [None] * self.num_layers  # (1, H_kv, capacity, D)
         self._values: list[torch.Tensor | None] = [None] * self.num_layers
-        self._flat: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers  # (H_kv, capacity, D) views
+        # views without the batch dimension: keys transposed (H_kv, D, capacity), values (H_kv, capacity, D)
+        self._flat: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers
+        self._padded: list[tuple[int, torch.Tensor, torch.Tensor] | None] = [None] * self.num_layers
         from specdec.ragged import batch_invariant  # the forward pass builds on this module
 
         # A batch-invariant model's attention multiplies by the keys transposed
@@ -75,7 +77,7 @@ class SequenceCache:
             fork._keys[i], fork._values[i] = self._new_keys(keys, shape), values.new_zeros(shape)
             fork._keys[i][:, :, :length] = keys[:, :, :length]
             fork._values[i][:, :, :length] = values[:, :, :length]
-            fork._flat[i] = (fork._keys[i][0], fork._values[i][0])
+            fork._flat[i] = (fork._keys[i][0].transpose(1, 2), fork._values[i][0])
         return fork
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +110,8 @@ class SequenceCache:
                 grown_k[:, :, :start] = buffer_k[:, :, :start]
                 grown_v[:, :, :start] = buffer_v[:, :, :start]
             self._keys[layer], self._values[layer] = buffer_k, buffer_v = grown_k, grown_v
-            self._flat[layer] = (grown_k[0], grown_v[0])
+            self._flat[layer] = (grown_k[0].transpose(1, 2), grown_v[0])
+            self._padded[layer] = None
         buffer_k[:, :, start:end] = keys
         buffer_v[:, :, start:end] = values
 
@@ -120,12 +123,19 @@ class SequenceCache:
         return like.new_zeros((shape[0], shape[1], shape[3], shape[2]), dtype=self.dtype).transpose(2, 3)
 
     def padded(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values of `layer`'s first `length` positions, past the cached ones too
-        (finite there: zeros, or truncated tokens'), without the batch dimension: (H_kv, length, D)."""
+        """`layer`'s keys, transposed, and values of its first `length` positions, past the cached
+        ones too (finite there: zeros, or truncated tokens'), without the batch dimension:
+        (H_kv, D, length) and (H_kv, length, D). The views are kept until the length or the buffer
+        changes (a decoding step asks for the same block's 16 times)."""
+        kept = self._padded[layer]
+        if kept is not None and kept[0] == length:
+            return kept[1], kept[2]
         flat = self._flat[layer]
-        if flat is None or flat[0].shape[1] < length:
+        if flat is None or flat[1].shape[1] < length:
             raise ValueError(f"the cache holds no room for {length} positions")
-        return flat[0][:, :length], flat[1][:, :length]
+        views = flat[0][:, :, :length], flat[1][:, :length]
+        self._padded[layer] = (length, *views)
+        return views
 
     def extend(self, token_ids: list[int]) -> None:
         """Records token_ids as fed (after every layer has appended their keys and values)."""

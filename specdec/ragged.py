@@ -96,15 +96,16 @@ def row_attention_invariant(heads: int, kv_heads: int, dim: int, dtype: torch.dt
     groups = heads // kv_heads
     for trial in range(trials):
         length = ROW_KEY_BLOCK * (1 + 7 * trial)
-        keys, values = (torch.randn(kv_heads, length, dim, generator=generator).to(dtype) for _ in range(2))
+        keys_t = torch.randn(kv_heads, dim, length, generator=generator).to(dtype)
+        values = torch.randn(kv_heads, length, dim, generator=generator).to(dtype)
         query = torch.randn(heads, ROW_KEY_BLOCK, dim, generator=generator).to(dtype)
-        alone = torch.cat([block_rows_attention(query[:, row:row + 1], keys, values,
-                                                _bias(row, 1, length, groups, dtype, keys.device), None)
+        alone = torch.cat([block_rows_attention(query[:, row:row + 1], 1, keys_t, values,
+                                                _bias(row, 1, length, groups, dtype, keys_t.device), None)
                            for row in range(ROW_KEY_BLOCK)], dim=1)
         for rows in (2, 3, 5, ROW_KEY_BLOCK):
             for first in range(0, ROW_KEY_BLOCK - rows + 1, rows):
-                together = block_rows_attention(query[:, first:first + rows], keys, values,
-                                                _bias(first, rows, length, groups, dtype, keys.device), None)
+                together = block_rows_attention(query[:, first:first + rows], rows, keys_t, values,
+                                                _bias(first, rows, length, groups, dtype, keys_t.device), None)
                 if not torch.equal(together, alone[:, first:first + rows]):
                     log.warning("attention rows round differently together: each scored row attends "
                                 "in a call of its own (slower verify passes, the same values)")
