@@ -115,10 +115,11 @@ def test_greedy_lookup_drafts_keep_the_target_output(loop_thread, tiny_pair, ref
     running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.draft_dir, method))
     try:
         accepted_by_method: dict[str, int] = {}
-        drafted = accepted = 0
+        drafted = accepted = looked_up_in_decode = 0
         for prompt, expected in references.items():
             tokens, stats = loop_thread.run(_generate(running.service, prompt, speculation=Speculation(mode=mode)))
             assert tokens == expected, f"{method}: prompt {prompt}"
+            looked_up_in_decode += stats.decode_lookup_accepted
             assert stats.drafted_tokens == sum(stats.drafted_by_method.values())
             assert stats.accepted_tokens == sum(stats.accepted_by_method.values())
             drafted += stats.drafted_tokens
@@ -126,7 +127,10 @@ def test_greedy_lookup_drafts_keep_the_target_output(loop_thread, tiny_pair, ref
             for name, count in stats.accepted_by_method.items():
                 accepted_by_method[name] = accepted_by_method.get(name, 0) + count
         lookup = "suffix" if method == "hybrid" else method
-        assert accepted_by_method.get(lookup, 0) > 0, accepted_by_method
+        # The lookup paid: in the orchestrator's rounds, or, where adaptive K settled at K = 0 (the
+        # tiny pair's repetitive answers decode fast in a Decode call), looked up by the target in
+        # its own Decode passes.
+        assert accepted_by_method.get(lookup, 0) + looked_up_in_decode > 0, accepted_by_method
         if method == "hybrid":
             assert accepted_by_method.get("model", 0) > 0, accepted_by_method
         else:
