@@ -501,13 +501,20 @@ class AdaptiveKController:
         position's chance of acceptance (acceptance_signal), and the Propose's timings, nothing
         of the target's; tested: the drafts the stretch had tokens for (fewer than K when it ended
         first); behind: committed tokens the draft has not seen since. Then K is chosen again,
-        and the probe interval backs off as after a probe round that leaves K at 0."""
+        and the probe interval backs off as after a probe round that leaves K at 0.
+
+        Its Propose ran while the target decoded: where the draft computes on the target's
+        hardware the two took the cores from each other (it took up to ten times a round's), so
+        its timings bound a round's from above only. They lower the draft's estimates (a first
+        round on a cold device timed far too slow) but never raise them: priced at a contended
+        Propose, drafting never paid again, for this session or, through the pool, for the
+        sessions after it."""
         index = self._round
         if observation.acceptance_signal:
             self._alpha.update_expected(observation.acceptance_signal, index)
         else:
             self._alpha.update(min(tested, observation.num_speculative_tokens), observation.num_accepted, index)
-        self._update_draft_estimates(observation, index)
+        self._update_draft_estimates(observation, index, upper_bounds=True)
         self._pending_catchup_tokens = max(0, behind)
         self._decide()
         self._space_probes()
@@ -719,8 +726,15 @@ class AdaptiveKController:
         self._pass_sessions.update(sessions, index)
         self._others_rows.update(max(0.0, float(rows - own_rows)), index)
 
-    def _update_draft_estimates(self, observation: RoundObservation, index: int) -> None:
-        """The model draft's timings and catch-up, from a round it proposed (or not: K = 0)."""
+    def _update_draft_estimates(self, observation: RoundObservation, index: int, upper_bounds: bool = False) -> None:
+        """The model draft's timings and catch-up, from a round it proposed (or not: K = 0).
+        upper_bounds: the timings only bound a round's from above (observe_shadow), and lower an
+        estimate they are below."""
+
+        def update(estimate: RunningEstimate, sample: float) -> None:
+            if not upper_bounds or estimate.value is None or sample < estimate.value:
+                estimate.update(sample, index)
+
         num_speculative_tokens = observation.num_speculative_tokens
         if num_speculative_tokens > 0 and observation.drafted_ahead:
             self._pending_catchup_tokens = 0  # drafted ahead: no draft call, nothing owed
@@ -729,13 +743,13 @@ class AdaptiveKController:
             # beyond one per pass are catch-up (one extra is normal after a fully accepted round).
             extra_tokens = observation.draft_fed_tokens - num_speculative_tokens
             if extra_tokens <= 1:
-                self._t_draft.update(observation.draft_compute_seconds / num_speculative_tokens, index)
+                update(self._t_draft, observation.draft_compute_seconds / num_speculative_tokens)
             elif self._t_draft.value is not None:
                 drafting = num_speculative_tokens * self._t_draft.value
                 excess = max(0.0, observation.draft_compute_seconds - drafting)
-                self._t_feed.update(excess / extra_tokens, index)
+                update(self._t_feed, excess / extra_tokens)
             draft_overhead = observation.draft_wall_seconds - observation.draft_compute_seconds
-            self._rtt_draft.update(max(0.0, draft_overhead), index)
+            update(self._rtt_draft, max(0.0, draft_overhead))
             self._pending_catchup_tokens = 0
         else:
             self._pending_catchup_tokens += 1

@@ -135,6 +135,28 @@ def test_a_shadow_probe_that_leaves_k0_backs_the_interval_off() -> None:
         CONFIG.probe_interval_max_rounds, before * CONFIG.probe_backoff)
 
 
+def test_a_contended_shadow_probe_does_not_raise_the_drafts_timings() -> None:
+    """A probe beside a stretch ran while the target decoded, on the target's cores where the two
+    share them: its Propose (here ten times a round's) bounds a round's from above only; taken as
+    a round's it held this session, and through the pool the sessions after it, at K = 0. (A
+    faster one does lower them: the cold start below.)"""
+    world = near_break_even()
+    priors = ControllerPriors()
+    controller = AdaptiveKController(CONFIG, priors=priors, shadow_probes=True)
+    play(controller, SimulatedServices(0), world, 60)  # rounds measure the draft's timings
+    timings = {name: controller.estimates()[name] for name in ("t_draft_per_token", "rtt_draft")}
+    pooled = priors.snapshot()
+    contended = replace(world, t_draft=10 * world.t_draft, rtt_draft=10 * world.rtt_draft)
+    alpha = controller.estimates()["alpha"]
+    for _ in range(5):
+        controller.observe_shadow(shadow_observation(SHADOW_K, 0, contended), tested=SHADOW_K, behind=SHADOW_K)
+    assert {name: controller.estimates()[name] for name in timings} == timings
+    # the pool only blends in the session's unchanged figures again
+    assert priors.snapshot().t_draft_per_token == pytest.approx(pooled.t_draft_per_token, rel=0.01)
+    assert priors.snapshot().rtt_draft == pytest.approx(pooled.rtt_draft, rel=0.01)
+    assert controller.estimates()["alpha"] < alpha  # the rejections did count
+
+
 def test_drafts_the_stretch_had_no_tokens_for_are_not_rejections() -> None:
     """A stretch that ended after two tokens tested two drafts: both matched is no rejection."""
     world = near_break_even()
