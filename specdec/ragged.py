@@ -23,10 +23,10 @@ alone, under any load.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass
 import logging
 import threading
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -98,8 +98,10 @@ def row_attention_invariant(heads: int, kv_heads: int, dim: int, dtype: torch.dt
         length = ROW_KEY_BLOCK * (1 + 7 * trial)
         keys_t = torch.randn(kv_heads, dim, length, generator=generator).to(dtype)
         values = torch.randn(kv_heads, length, dim, generator=generator).to(dtype)
-        query = torch.randn(heads, ROW_KEY_BLOCK, dim, generator=generator).to(dtype)
-        alone = torch.cat([block_rows_attention(query[:, row:row + 1], 1, keys_t, values,
+        # laid out as a pass's queries are: (H, N, D) over (N, H, D) storage; a lone row as a view
+        query = torch.randn(ROW_KEY_BLOCK, heads, dim, generator=generator).to(dtype).transpose(0, 1)
+        lone = query.view(kv_heads, groups, ROW_KEY_BLOCK, dim)
+        alone = torch.cat([block_rows_attention(lone[:, :, row], 1, keys_t, values,
                                                 _bias(row, 1, length, groups, dtype, keys_t.device), None)
                            for row in range(ROW_KEY_BLOCK)], dim=1)
         for rows in (2, 3, 5, ROW_KEY_BLOCK):
