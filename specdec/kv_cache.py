@@ -3,7 +3,8 @@
 Each layer's keys and values live in a buffer with spare room at the end (doubled when full), so
 feeding a token writes in place instead of copying the whole cache, and truncating only moves the
 length. The room holds finite values (zeros, or the keys of truncated tokens): a batch-invariant
-pass attends over keys padded into it, masked (specdec.ragged). Several sessions' caches are fed in one forward pass by specdec.ragged.
+pass attends over keys padded into it, masked (specdec.ragged). Several sessions' caches are fed
+in one forward pass by specdec.ragged.
 
 The buffers hold the attention's dtype (attention_dtype): the model's, except float32 for a
 bfloat16 or float16 model on a CPU, whose attention then runs in float32 (specdec.attention).
