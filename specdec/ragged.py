@@ -223,7 +223,9 @@ def _span(feed: Feed, start: int, invariant: bool, together: bool, groups: int, 
         return Span(feed.cache, start, start + new, mask)
     calls = []
     for first, end, keys in attention_calls(cached, new, feed.keep_all or feed.one_by_one, together):
-        bias = _bias((cached + first) % ROW_KEY_BLOCK, end - first, keys, groups, feed.cache.dtype, device) if keys else None
+        bias = None
+        if keys:  # block rows: their offset in the block, over the keys up to its end
+            bias = _bias((cached + first) % ROW_KEY_BLOCK, end - first, keys, groups, feed.cache.dtype, device)
         calls.append(AttentionCall(first, end, bias))
     room = max((call.bias.shape[-1] for call in calls if call.bias is not None), default=0)
     return Span(feed.cache, start, start + new, mask, tuple(calls), room)
