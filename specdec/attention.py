@@ -74,8 +74,10 @@ def ragged_attention(
     dtype = query.dtype
     query = query.to(ragged.spans[0].cache.dtype)  # the caches' dtype (specdec.kv_cache.attention_dtype)
     rows = query[0]  # (H, N, D)
-    kv_heads = key.shape[1]
-    lone_rows = rows.view(kv_heads, rows.shape[0] // kv_heads, rows.shape[1], rows.shape[2])  # (H_kv, G, N, D)
+    lone_rows = None  # (H_kv, G, N, D): a lone row's query heads by key/value head, as a view
+    if ragged.spans[0].calls:  # a batch-invariant pass (specdec.ragged): block rows
+        kv_heads = key.shape[1]
+        lone_rows = rows.view(kv_heads, rows.shape[0] // kv_heads, rows.shape[1], rows.shape[2])
     outputs = []  # (H, n, D) each
     for span in ragged.spans:
         new_keys, new_values = key[:, :, span.start:span.end], value[:, :, span.start:span.end]

@@ -205,15 +205,20 @@ def attention_calls(cached: int, new: int, scored: bool, together: bool = True) 
     if scored or new == 1:
         calls = []
         for row in range(new):
-            block_end = ((cached + row) // ROW_KEY_BLOCK + 1) * ROW_KEY_BLOCK
+            block_end = _key_block_end(cached + row)
             if together and calls and calls[-1][2] == block_end:
                 calls[-1] = (calls[-1][0], row + 1, block_end)
             else:
                 calls.append((row, row + 1, block_end))
         return tuple(calls)
     cuts = [0, *range(PREFILL_BLOCK - cached % PREFILL_BLOCK, new, PREFILL_BLOCK), new]
-    return tuple((first, end, ((cached + first) // ROW_KEY_BLOCK + 1) * ROW_KEY_BLOCK if end - first == 1 else 0)
+    return tuple((first, end, _key_block_end(cached + first) if end - first == 1 else 0)
                  for first, end in zip(cuts, cuts[1:]) if end > first)
+
+
+def _key_block_end(position: int) -> int:
+    """The end of the ROW_KEY_BLOCK that holds `position`: how many keys its row attends over."""
+    return (position // ROW_KEY_BLOCK + 1) * ROW_KEY_BLOCK
 
 
 def _span(feed: Feed, start: int, invariant: bool, together: bool, groups: int, device: torch.device) -> Span:
