@@ -247,21 +247,23 @@ class ModelWorker:
                 self._schedule()
 
     def _wait_for_sessions_due_back(self) -> None:
-        """Before a pass: if sessions served a moment ago are due back within their usual round
-        trip, waits for them (at most half the last pass's time), so that sessions in step stay
-        in step. Without it two sessions settle into taking turns: each arrives while the other's
-        pass runs and gets a pass of its own. Nobody waits for a session that is not expected:
-        alone, a session's pass starts when it arrives. Call with the lock held."""
+        """Before a pass: if sessions served a moment ago can be back within the wait's cap (half
+        the last pass's time, due_back), waits for them, so that sessions in step stay in step.
+        Without it two sessions settle into taking turns: each arrives while the other's pass runs
+        and gets a pass of its own. Nobody waits for a session that is not expected: alone, a
+        session's pass starts when it arrives, and a session that cannot be back by the cap (one
+        that left in the pass just run, whose caller has a round trip of a target's pass to make
+        first) would miss the pass anyway. Call with the lock held."""
         if self._return_gap is None or not self._served:
             return
         now = time.perf_counter()
-        due = self._return_gap * 1.5
         self._served = {k: t for k, t in self._served.items() if now - t < _MAX_RETURN_GAP}
-        expected = [t + due for t in self._absent_served() if t + due > now]
-        if not expected:
+        cap = 0.5 * self._last_pass_seconds
+        awaited = due_back(self._absent_served(), self._return_gap, now, cap)
+        if not awaited:
             return
-        deadline = min(max(expected), now + 0.5 * self._last_pass_seconds)
-        while now < deadline and any(t + due > now for t in self._absent_served()):
+        deadline = min(max(awaited), now + cap)
+        while now < deadline and due_back(self._absent_served(), self._return_gap, now, deadline - now):
             self._arrived.wait(deadline - now)
             self._admit()
             now = time.perf_counter()
@@ -406,6 +408,15 @@ class ModelWorker:
             entry.future.cancel()
             entry.future.set_running_or_notify_cancel()  # marks it cancelled for its waiters
         concurrent.futures.wait(started)
+
+
+def due_back(finished: list[float], return_gap: float, now: float, cap: float) -> list[float]:
+    """Of sessions whose last jobs finished at `finished`, and whose callers come back after
+    `return_gap` on average, those worth waiting up to `cap` seconds for from `now`: the ones
+    that can be back by then (round trips vary: half the mean gap counts) and are not overdue
+    (later than 1.5 times the gap). Returns the time each is overdue at."""
+    return [t + 1.5 * return_gap for t in finished
+            if t + 0.5 * return_gap <= now + cap and t + 1.5 * return_gap > now]
 
 
 def _chunk(position: int, size: int, tokens: int) -> int:

@@ -15,7 +15,7 @@ import torch
 from specdec import attention
 from specdec.kv_cache import SequenceCache
 from specdec.ragged import Feed, forward, run_alone
-from specdec.worker import BatchLimits, ModelWorker
+from specdec.worker import BatchLimits, ModelWorker, due_back
 
 from tests import tiny_models
 
@@ -234,18 +234,23 @@ def test_sessions_due_back_are_waited_for_so_they_share_a_pass(model, monkeypatc
     assert sizes.count(2) >= 8, sizes
 
 
-@pytest.mark.parametrize("on_behalf", [True, False], ids=["on-behalf", "anonymous"])
-def test_jobs_on_behalf_of_a_session_do_not_wait_for_it(model, monkeypatch, on_behalf):
-    """A session served a moment ago is due back after its caller's round trip (here 0.2 s), and
-    a pass waits for it. Jobs that work for that session after its call answered (the draft's
-    branches) show it is here: their passes do not wait. Without on_behalf_of they do (the
-    control case, so the check can fail)."""
+@pytest.mark.parametrize("on_behalf, round_trip, waited", [
+    (True, 0.004, False), (False, 0.004, True), (False, 0.45, False),
+], ids=["on-behalf", "anonymous", "due-back-after-the-cap"])
+def test_who_a_pass_waits_for(model, monkeypatch, on_behalf, round_trip, waited):
+    """A session served a moment ago is due back after its caller's round trip; a pass waits for
+    it (at most half a pass: here 20 ms) if it is expected back by then (anonymous jobs, a 4 ms
+    round trip: the control case, so the check can fail). Jobs that work for that session after
+    its call answered (the draft's branches) show it is here: their passes do not wait. Nor do
+    passes wait for a session that cannot be back by then (a 0.45 s round trip, of which the two
+    passes of the jobs take less than half: a draft's session whose caller is verifying on the
+    target), which would miss them anyway."""
     from specdec import ragged
 
     real_forward = ragged.forward
 
     def slow_forward(model, feeds):
-        time.sleep(0.02)
+        time.sleep(0.04)
         return real_forward(model, feeds)
 
     monkeypatch.setattr(ragged, "forward", slow_forward)
@@ -266,17 +271,30 @@ def test_jobs_on_behalf_of_a_session_do_not_wait_for_it(model, monkeypatch, on_b
     async def scenario():
         worker = ModelWorker(model=model)
         worker._arrived = CountingCondition(worker._lock)
-        for _ in range(3):  # the session's calls, 0.2 s apart: its round trip is learnt
+        for _ in range(3):  # the session's calls, a round trip apart: its round trip is learnt
             await worker.run_job(lambda: steps(cache, 1), key="s")
             cache.truncate(3)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(round_trip)
         await worker.run_job(lambda: steps(cache, 1), key="s")
         CountingCondition.waits = 0
         branches = [cache.fork(len(cache)) for _ in range(3)]
         behalf = "s" if on_behalf else None
-        await asyncio.gather(*(worker.run_job(lambda b=b: steps(b, 4), on_behalf_of=behalf) for b in branches))
+        await asyncio.gather(*(worker.run_job(lambda b=b: steps(b, 2), on_behalf_of=behalf) for b in branches))
         worker.shutdown()
         return CountingCondition.waits
 
     waits = asyncio.run(scenario())
-    assert (waits == 0) if on_behalf else (waits >= 1), waits
+    assert (waits >= 1) if waited else (waits == 0), waits
+
+
+def test_due_back_keeps_the_sessions_that_can_be_back_within_the_cap():
+    finished = [0.0, 0.0, 0.0]
+    # Back after 10 ms on average, possibly after 5: at 5 ms with 8 ms to wait all can be back by
+    # then, and are overdue at 15 ms; served 1 ms ago with 2 ms to wait, nobody can.
+    assert due_back(finished, 0.010, now=0.005, cap=0.008) == pytest.approx([0.015] * 3)
+    assert due_back(finished, 0.010, now=0.001, cap=0.002) == []
+    # Late but not yet overdue (1.5 times the gap): still waited for; overdue: not.
+    assert due_back([0.0], 0.010, now=0.012, cap=0.001) == pytest.approx([0.015])
+    assert due_back([0.0], 0.010, now=0.016, cap=0.010) == []
+    # Each session on its own.
+    assert due_back([0.0, 0.020], 0.010, now=0.012, cap=0.002) == pytest.approx([0.015])
