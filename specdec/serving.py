@@ -9,11 +9,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from specdec import compute_units
 from specdec.errors import InvalidInput, OutOfRange, SessionNotFound, Unavailable
 from specdec.models import LoadedModel
+from specdec.pass_lock import PassLock
 from specdec.protocol import PROTOCOL_VERSION, Handle, ReplicaInfo, Timing, check_token_ids
 from specdec.sessions import Session, SessionBudget, SessionStore, check_handle
 from specdec.ragged import Job
@@ -33,6 +35,9 @@ class ServiceConfig:
     max_num_speculative_tokens: int = 16
     max_queue: int = 64  # calls waiting for the worker before RESOURCE_EXHAUSTED
     batch: BatchLimits = BatchLimits()  # what one forward pass may hold
+    # A file the model services sharing these cores name alike: their passes take turns
+    # (specdec.pass_lock). None: no turns (a service with cores of its own).
+    pass_lock: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -50,7 +55,8 @@ class SessionService(Generic[State]):
         self.loaded = loaded
         self.config = config
         self.store: SessionStore[State] = SessionStore(config.budget, size_of)
-        self.worker = ModelWorker(config.max_queue, config.batch, loaded.model)
+        pass_lock = PassLock(config.pass_lock) if config.pass_lock is not None else None
+        self.worker = ModelWorker(config.max_queue, config.batch, loaded.model, pass_lock)
         self.draining = False  # set on SIGTERM: existing sessions go on, new ones are refused
         # Where it computes (specdec/compute_units.py), after any --cpus pinning: Info reports it.
         self.host_id = compute_units.host_id()

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -37,6 +38,7 @@ from specdec.errors import Overloaded
 if TYPE_CHECKING:  # torch stays out of processes that only import the model thread
     import torch
 
+    from specdec.pass_lock import PassLock
     from specdec.ragged import Feed, Job
 
 Result = TypeVar("Result")
@@ -138,12 +140,14 @@ class ModelWorker:
     each keeps its own queue bound and shutdown."""
 
     def __init__(self, max_queue: int = 64, limits: BatchLimits = BatchLimits(),
-                 model: torch.nn.Module | None = None) -> None:
+                 model: torch.nn.Module | None = None, pass_lock: PassLock | None = None) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
         self.max_queue = max_queue
         self.limits = limits
         self._model = model
+        # Taken for each forward pass: services that share the cores take turns (specdec.pass_lock).
+        self._pass_lock = pass_lock
         self._pending = 0  # calls submitted and not finished
         self._lock = threading.Lock()  # guards _waiting, _active, _scheduled, _closed, _alone
         self._waiting: deque[_Entry] = deque()
@@ -316,13 +320,17 @@ class ModelWorker:
         if not chosen:
             return
         feeds = [feed for _, feed in chosen]
+        locking = time.perf_counter()
+        waited = 0.0  # for the pass lock: other services' passes, not this one's
         try:
-            logits = forward(self._model, feeds)
+            with self._pass_lock or nullcontext():
+                waited = time.perf_counter() - locking
+                logits = forward(self._model, feeds)
         except Exception as error:
             for entry, _ in chosen:
                 self._fail(entry, error)
             return
-        seconds = time.perf_counter() - started
+        seconds = time.perf_counter() - started - waited
         self._last_pass_seconds = seconds
         rows = sum(len(feed.token_ids) for feed in feeds)
         counters = self.counters

@@ -124,6 +124,11 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for forward passes (default: one per CPU of "
                              "--cpus, else torch's choice)")
+    parser.add_argument("--pass-lock", type=Path, default=None, metavar="FILE",
+                        help="take turns with the model services on this machine that name the "
+                             "same file: their forward passes never overlap, so services that share "
+                             "CPU cores do not slow each other's passes down (`specdec up` sets it; "
+                             "default: none, for a service with cores of its own)")
     if role == "draft":
         parser.add_argument("--top-m", type=int, default=default_of(DraftConfig, "top_m"),
                             help="entries of each draft distribution sent when sampling (default "
@@ -240,6 +245,9 @@ def run_model_service(args: argparse.Namespace) -> int:
         cpus = pin_cpus(args.cpus)
         threads = len(cpus) if threads is None else threads
     start_tracing(f"specdec-{args.role}")
+    if args.pass_lock is not None:
+        logging.getLogger(__name__).info("forward passes take turns with the services that name %s "
+                                         "(--pass-lock)", args.pass_lock)
     if threads is not None:
         import torch
 
@@ -254,6 +262,7 @@ def run_model_service(args: argparse.Namespace) -> int:
             max_num_speculative_tokens=args.max_num_speculative_tokens,
             max_queue=args.max_queue,
             batch=BatchLimits(args.max_pass_tokens, args.max_pass_sessions),
+            pass_lock=args.pass_lock,
         )
         server = server_config(args)
         draft = DraftConfig(top_m=args.top_m) if args.role == "draft" else None

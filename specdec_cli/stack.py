@@ -5,11 +5,13 @@ starting included, so an interrupted or failed start leaves no process behind.""
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 from specdec.rpc.server import check_port_free
@@ -121,6 +123,9 @@ class StackConfig:
     threads: int | None = None  # torch threads of each model service
     packed_rows: str | None = None  # each model service's --packed-rows (auto, off or N,N)
     http_port: int | None = None  # the orchestrator's OpenAI-compatible HTTP API; None: none
+    # The two model services share this machine's cores: their forward passes take turns
+    # (`specdec serve --pass-lock`, specdec/pass_lock.py) rather than slow each other down.
+    pass_lock: bool = True
 
 
 def _flags(**values: object) -> list[str]:
@@ -145,8 +150,12 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
     if config.http_port is not None:
         check_port_free(config.host, config.http_port)
     with ExitStack() as stack:
+        pass_lock = None
+        if config.pass_lock:
+            pass_lock = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specdec-"))) / "passes.lock"
         common = _flags(device=config.device, dtype=config.dtype, host=config.host, port=0,
-                        threads=config.threads, packed_rows=config.packed_rows, metrics_port=0)
+                        threads=config.threads, packed_rows=config.packed_rows, metrics_port=0,
+                        pass_lock=pass_lock)
         target, draft = start_services(stack, [
             ("target", ["--model", config.target, *common], None),
             ("draft", ["--model", config.draft, *common], None),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import urllib.request
@@ -146,6 +147,10 @@ def test_up_starts_three_processes_and_stops_them_on_ctrl_c(tiny_pair):
         assert up.wait(120) == 0, up.output()
         assert "stopping" in up.output()
         assert not up.group_alive(), "a service outlived `specdec up`"
+    # The two model services share this machine's cores: they name one pass lock, the orchestrator none.
+    locks = re.findall(r"\[(\w+)\].*forward passes take turns with the services that name (\S+)", up.output())
+    assert sorted(role for role, _ in locks) == ["draft", "target"], up.output()[-3000:]
+    assert locks[0][1] == locks[1][1]
 
 
 def test_generate_streams_text_that_ends_its_line(services):
