@@ -88,13 +88,27 @@ def test_a_waiting_holder_goes_before_the_one_that_just_left(tmp_path):
         b.close()
 
 
-def test_a_worker_runs_its_passes_under_the_lock(model, tmp_path):
+def test_a_worker_runs_its_passes_under_the_lock(model, tmp_path, monkeypatch):
     """While another holder has the lock, the worker's pass does not run; once it is free, the
-    pass runs, and its compute time leaves out the second the lock was held (a tiny model's pass
-    takes milliseconds)."""
+    pass runs, and its compute time leaves out the wait (the worker's clock jumps 100 s while the
+    lock is taken, so a wait counted in it would show)."""
+    import types
+
+    import specdec.worker as worker_module
+
+    offset = [0.0]
+    real_clock = time.perf_counter
+    monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(perf_counter=lambda: real_clock() + offset[0]))
+
+    class SlowToTake(PassLock):
+        def __enter__(self):
+            taken = super().__enter__()
+            offset[0] += 100.0
+            return taken
+
     path = tmp_path / "passes.lock"
     holder = PassLock(path)
-    lock = PassLock(path)
+    lock = SlowToTake(path)
     cache = SequenceCache(model)
     cache.feed([1, 2, 3])
 
@@ -105,7 +119,7 @@ def test_a_worker_runs_its_passes_under_the_lock(model, tmp_path):
         worker = ModelWorker(model=model, pass_lock=lock)
         with holder:
             job = asyncio.ensure_future(worker.run_job(step))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.5)
             ran_while_held = job.done() or len(cache) != 3
         timed = await job
         worker.shutdown()
@@ -118,6 +132,5 @@ def test_a_worker_runs_its_passes_under_the_lock(model, tmp_path):
         lock.close()
     assert not ran_while_held
     assert len(cache) == 4
-    assert timed.compute_seconds < 0.5
-
-
+    assert offset[0] == 100.0  # the pass took the lock once
+    assert timed.compute_seconds < 100.0
