@@ -246,6 +246,7 @@ def run_model_service(args: argparse.Namespace) -> int:
         threads = len(cpus) if threads is None else threads
     start_tracing(f"specdec-{args.role}")
     if args.pass_lock is not None:
+        check_pass_lock(args.pass_lock)
         logging.getLogger(__name__).info("forward passes take turns with the services that name %s "
                                          "(--pass-lock)", args.pass_lock)
     if threads is not None:
@@ -279,6 +280,17 @@ def run_model_service(args: argparse.Namespace) -> int:
         with tracing_flushed():
             asyncio.run(serve(model, service, server, args.metrics_port, draft, lookup))
     return 0
+
+
+def check_pass_lock(path: Path) -> None:
+    """--pass-lock: a file this process can open (created if absent), checked before the model
+    loads; else a usage error."""
+    from specdec.pass_lock import PassLock
+
+    try:
+        PassLock(path).close()
+    except OSError as error:
+        raise UsageError(f"--pass-lock {path}: {error.strerror or error}") from None
 
 
 def pin_cpus(text: str) -> frozenset[int]:

@@ -1,7 +1,7 @@
 """`specdec serve ... --cpus`: a real draft service process started with `--cpus CPU` runs every one
 of its threads (gRPC, the model thread, torch's) on that CPU only, and serves; a CPU this machine
 does not give the process is refused in one line that names the CPUs available, before any model
-is loaded."""
+is loaded; so is a --pass-lock file the process cannot open."""
 
 from __future__ import annotations
 
@@ -57,3 +57,13 @@ def test_a_malformed_cpu_list_is_a_usage_error(tmp_path: Path):
                      "--port", "0", "--cpus", "1-0") as service:
         assert service.wait(120) == 2, service.output()
     assert service.output().strip().splitlines()[-1] == "specdec: --cpus '1-0': the range '1-0' runs backwards"
+
+
+def test_a_pass_lock_that_cannot_be_opened_is_refused_before_the_model_loads(tmp_path: Path):
+    lock = tmp_path / "no-such-directory" / "passes.lock"
+    # No model at this path either: the lock is checked first, so the error is about the lock.
+    with run_specdec("serve", "target", "--model", str(tmp_path / "no-model"), "--port", "0",
+                     "--pass-lock", str(lock)) as service:
+        assert service.wait(120) == 2, service.output()
+    assert service.output().strip().splitlines()[-1] == f"specdec: --pass-lock {lock}: No such file or directory"
+    assert "Traceback" not in service.output()
