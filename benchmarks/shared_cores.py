@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from specdec.openmp import bound_idle_spin
@@ -75,13 +76,10 @@ def passes(role: str, model: str, args: argparse.Namespace, gap: float, lock_pat
     end = time.perf_counter() + args.seconds
     while time.perf_counter() < end:
         feeds = [Feed(cache, [low], keep_all=True) for cache in caches]
-        if lock is not None:
-            lock.__enter__()
-        began = time.perf_counter()
-        forward(loaded.model, feeds)
-        times.append(time.perf_counter() - began)
-        if lock is not None:
-            lock.__exit__()
+        with lock or nullcontext():
+            began = time.perf_counter()
+            forward(loaded.model, feeds)
+            times.append(time.perf_counter() - began)
         for cache in caches:
             cache.truncate(len(cache) - 1)
         if gap:

@@ -34,13 +34,17 @@ def attention_dtype(model: torch.nn.Module) -> torch.dtype:
     return parameter.dtype
 
 
+def text_config(model: PreTrainedModel):
+    """The config of the model's text decoder (a multimodal model nests it)."""
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
 class SequenceCache:
     """KV cache of one sequence plus the ids fed into it, always the same length."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self._model = model
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.num_layers = config.num_hidden_layers
+        self.num_layers = text_config(model).num_hidden_layers
         self.dtype = attention_dtype(model)
         self.token_ids: list[int] = []
         self._keys: list[torch.Tensor | None] = [None] * self.num_layers  # (1, H_kv, capacity, D)

@@ -32,7 +32,7 @@ from typing import TypeVar
 import torch
 
 from specdec.attention import RAGGED, block_rows_attention
-from specdec.kv_cache import SequenceCache, attention_dtype
+from specdec.kv_cache import SequenceCache, attention_dtype, text_config
 from specdec.packed_linear import rows_invariant
 
 
@@ -70,6 +70,7 @@ PREFILL_BLOCK = 16
 ROW_KEY_BLOCK = 16
 _BATCH_INVARIANT = "_specdec_batch_invariant"
 _ROWS_TOGETHER = "_specdec_rows_together"
+_QUERY_GROUPS = "_specdec_query_groups"  # query heads per key/value head, for the block rows' masks
 
 
 def mark_batch_invariant(model: torch.nn.Module) -> bool:
@@ -81,6 +82,7 @@ def mark_batch_invariant(model: torch.nn.Module) -> bool:
     setattr(model, _BATCH_INVARIANT, invariant)
     if invariant:
         heads, kv_heads, dim = _head_shape(model)
+        setattr(model, _QUERY_GROUPS, heads // kv_heads)
         setattr(model, _ROWS_TOGETHER, row_attention_invariant(heads, kv_heads, dim, attention_dtype(model)))
     return invariant
 
@@ -116,7 +118,7 @@ def row_attention_invariant(heads: int, kv_heads: int, dim: int, dtype: torch.dt
 
 
 def _head_shape(model: torch.nn.Module) -> tuple[int, int, int]:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -259,8 +261,7 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
     device = model.device
     invariant = batch_invariant(model)
     together = bool(getattr(model, _ROWS_TOGETHER, False))
-    heads, kv_heads, _ = _head_shape(model)
-    groups = heads // kv_heads
+    groups = getattr(model, _QUERY_GROUPS, 1)  # recorded with the invariance, which alone uses it
     token_ids: list[int] = []
     positions: list[int] = []
     keep: list[int] = []

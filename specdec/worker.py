@@ -321,10 +321,9 @@ class ModelWorker:
             return
         feeds = [feed for _, feed in chosen]
         locking = time.perf_counter()
-        waited = 0.0  # for the pass lock: other services' passes, not this one's
         try:
             with self._pass_lock or nullcontext():
-                waited = time.perf_counter() - locking
+                waited = time.perf_counter() - locking  # other services' passes, not this one's
                 logits = forward(self._model, feeds)
         except Exception as error:
             for entry, _ in chosen:
