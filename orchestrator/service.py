@@ -53,6 +53,7 @@ from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.telemetry import Telemetry
 from specdec.compute_units import shares_compute
+from specdec.pass_lock import take_turns
 from specdec.errors import IncompatibleModels, InvalidInput, OutOfRange, Unavailable
 from specdec.models import load_tokenizer, tokenizer_from_files, tokenizer_hash
 from specdec.protocol import (
@@ -139,6 +140,7 @@ class OrchestratorService:
         # turn the check off.
         self.hold_auto_pipelining_on_shared_compute = True
         self._shared_compute_logged: bool | None = None
+        self._untimed_pairs_logged: frozenset[tuple[str, str]] = frozenset()
         self.guard = SpeculationGuard()  # orchestrator/speculation_guard.py: adaptive requests only
         self.telemetry = Telemetry()  # metrics (--metrics-port) and request traces
 
@@ -177,6 +179,8 @@ class OrchestratorService:
                         self.config.draft)
         self.tokenizer = await self._load_tokenizer()
         self.telemetry.bind(self.reference.model_id)
+        self.draft_shares_compute()  # says at start where the draft computes, and warns if it
+        # shares the target's hardware without taking turns
         await self.target_pool.start()
         await self.draft_pool.start()
 
@@ -301,7 +305,27 @@ class OrchestratorService:
             else:
                 log.info("a draft replica computes on hardware of its own: pipelining auto drafts ahead where "
                          "that pays")
+        self.shared_compute_takes_turns()
         return shared
+
+    def shared_compute_takes_turns(self) -> bool:
+        """Whether every draft replica that shares a target replica's hardware takes turns with it
+        at each pass (the same --pass-lock, specdec/pass_lock.py; True where none shares). Two
+        model services on one machine's CPUs that do not take turns slow each other's passes down
+        several times over: each pair that newly does so is logged as a warning."""
+        untimed = frozenset(
+            (t.address, d.address)
+            for t in self.target_pool.replicas.values() for d in self.draft_pool.replicas.values()
+            if t.info is not None and d.info is not None
+            and shares_compute(t.info.host_id, t.info.compute_units, d.info.host_id, d.info.compute_units)
+            and not take_turns(t.info.pass_lock, d.info.pass_lock))
+        for target, draft in sorted(untimed - self._untimed_pairs_logged):
+            log.warning("the draft replica at %s computes on the hardware of the target replica at %s and "
+                        "their forward passes do not take turns: each slows the other down, several times "
+                        "over on shared CPUs. Start both with the same --pass-lock FILE, or give the draft "
+                        "hardware of its own", draft, target)
+        self._untimed_pairs_logged = untimed
+        return not untimed
 
     def holds_auto_pipelining(self, speculation: Speculation, shared: bool) -> bool:
         """Pipelining auto, held off for this request: the draft shares the target's hardware

@@ -99,7 +99,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                     for r in sorted(pool.replicas.values(), key=lambda r: r.address)
                 ],
             ))
-        return pb.PoolsResponse(pools=pools, draft_shares_compute=self.service.draft_shares_compute())
+        return pb.PoolsResponse(pools=pools, draft_shares_compute=self.service.draft_shares_compute(),
+                                shared_compute_without_turns=not self.service.shared_compute_takes_turns())
 
 
 def _response(chunk: Chunk) -> pb.GenerateResponse:

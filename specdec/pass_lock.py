@@ -45,6 +45,19 @@ class PassLock:
     def __exit__(self, *exc_info: object) -> None:
         fcntl.flock(self._pass, fcntl.LOCK_UN)
 
+    @property
+    def lock_id(self) -> str:
+        """The lock's name for other processes: its file's device and inode ("dev:inode"), the same
+        for every service that opened this file, whatever path it was given."""
+        stat = os.fstat(self._pass)
+        return f"{stat.st_dev}:{stat.st_ino}"
+
     def close(self) -> None:
         os.close(self._pass)
         os.close(self._queue)
+
+
+def take_turns(lock_a: str, lock_b: str) -> bool:
+    """Whether two replicas' passes take turns: both take the same pass lock (lock_id, as their
+    Info reports it). Meaningful for replicas on one machine (specdec.compute_units)."""
+    return bool(lock_a) and lock_a == lock_b

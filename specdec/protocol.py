@@ -291,6 +291,8 @@ class ReplicaInfo:
     # Where it computes (specdec/compute_units.py): the machine, and "cpu:N" / "cuda:UUID" units.
     host_id: str = ""
     compute_units: tuple[str, ...] = ()
+    # The pass lock its passes take (specdec/pass_lock.py lock_id: "dev:inode"), "" without one.
+    pass_lock: str = ""
 
 
 def check_token_ids(token_ids: Iterable[int], vocab_size: int, what: str) -> None:

@@ -57,6 +57,7 @@ class SessionService(Generic[State]):
         self.store: SessionStore[State] = SessionStore(config.budget, size_of)
         pass_lock = PassLock(config.pass_lock) if config.pass_lock is not None else None
         self.worker = ModelWorker(config.max_queue, config.batch, loaded.model, pass_lock)
+        self.pass_lock_id = pass_lock.lock_id if pass_lock is not None else ""
         self.draining = False  # set on SIGTERM: existing sessions go on, new ones are refused
         # Where it computes (specdec/compute_units.py), after any --cpus pinning: Info reports it.
         self.host_id = compute_units.host_id()
@@ -148,6 +149,7 @@ class SessionService(Generic[State]):
             linear_packing=loaded.linear_packing,
             host_id=self.host_id,
             compute_units=self.compute_units,
+            pass_lock=self.pass_lock_id,
             **dataclasses.asdict(self.worker.counters),
         )
 

@@ -53,6 +53,9 @@ def pools_table(response: pb.PoolsResponse) -> str:
     if response.draft_shares_compute:
         summaries.append("the draft replicas compute on the target replicas' hardware: pipelining auto holds "
                          "off, and under load speculation is tested seldom")
+    if response.shared_compute_without_turns:
+        summaries.append("a draft replica computes on a target replica's hardware and their passes do not take "
+                         "turns: start both with the same --pass-lock FILE, or give the draft hardware of its own")
     table = format_table(COLUMNS, rows, left_columns=len(COLUMNS), rule=False)
     return "\n".join([*summaries, "", table])
 

@@ -55,7 +55,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("protocol_version", "role", "model_id", "vocab_size", "tokenizer_hash", "max_context", "max_num_speculative_tokens", "dtype", "device", "live_sessions", "cached_tokens", "load", "replica_id", "eos_token_ids", "max_sessions", "max_cached_tokens", "pass_rows", "pass_sessions", "passes_total", "pass_rows_total", "pass_sessions_total", "linear_packing", "host_id", "compute_units")
+    __slots__ = ("protocol_version", "role", "model_id", "vocab_size", "tokenizer_hash", "max_context", "max_num_speculative_tokens", "dtype", "device", "live_sessions", "cached_tokens", "load", "replica_id", "eos_token_ids", "max_sessions", "max_cached_tokens", "pass_rows", "pass_sessions", "passes_total", "pass_rows_total", "pass_sessions_total", "linear_packing", "host_id", "compute_units", "pass_lock")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class InfoResponse(_message.Message):
     LINEAR_PACKING_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_UNITS_FIELD_NUMBER: _ClassVar[int]
+    PASS_LOCK_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     role: str
     model_id: str
@@ -104,4 +105,5 @@ class InfoResponse(_message.Message):
     linear_packing: str
     host_id: str
     compute_units: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_hash: _Optional[str] = ..., max_context: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., load: _Optional[float] = ..., replica_id: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_sessions: _Optional[int] = ..., max_cached_tokens: _Optional[int] = ..., pass_rows: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., passes_total: _Optional[int] = ..., pass_rows_total: _Optional[int] = ..., pass_sessions_total: _Optional[int] = ..., linear_packing: _Optional[str] = ..., host_id: _Optional[str] = ..., compute_units: _Optional[_Iterable[str]] = ...) -> None: ...
+    pass_lock: str
+    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_hash: _Optional[str] = ..., max_context: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., load: _Optional[float] = ..., replica_id: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_sessions: _Optional[int] = ..., max_cached_tokens: _Optional[int] = ..., pass_rows: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., passes_total: _Optional[int] = ..., pass_rows_total: _Optional[int] = ..., pass_sessions_total: _Optional[int] = ..., linear_packing: _Optional[str] = ..., host_id: _Optional[str] = ..., compute_units: _Optional[_Iterable[str]] = ..., pass_lock: _Optional[str] = ...) -> None: ...

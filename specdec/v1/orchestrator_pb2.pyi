@@ -231,9 +231,11 @@ class PoolStatus(_message.Message):
     def __init__(self, role: _Optional[str] = ..., source: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
 
 class PoolsResponse(_message.Message):
-    __slots__ = ("pools", "draft_shares_compute")
+    __slots__ = ("pools", "draft_shares_compute", "shared_compute_without_turns")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SHARES_COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_COMPUTE_WITHOUT_TURNS_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
     draft_shares_compute: bool
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., draft_shares_compute: _Optional[bool] = ...) -> None: ...
+    shared_compute_without_turns: bool
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., draft_shares_compute: _Optional[bool] = ..., shared_compute_without_turns: _Optional[bool] = ...) -> None: ...

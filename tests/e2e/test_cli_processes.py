@@ -57,6 +57,22 @@ def test_model_services_warm_up_before_they_report_ready(services):
         assert output.index("warmed up") < output.index(f"READY {role}")
 
 
+def test_model_services_sharing_the_cpus_without_a_pass_lock_are_warned_about(services):
+    """The fixture's target and draft compute on this machine's CPUs and take no --pass-lock: the
+    orchestrator warns at start, naming both and the flag, and its Pools answer (`specdec pools`)
+    says so. (`specdec up`, whose two share a lock, has no such warning: test_up_... below.)"""
+    draft, target = services["draft"].address, services["target"].address
+    output = services["orchestrator"].output()
+    assert (f"the draft replica at {draft} computes on the hardware of the target replica at {target} and their "
+            "forward passes do not take turns") in output, output[-3000:]
+    assert output.count("do not take turns") == 1, output[-3000:]  # once, not per request
+    pools = subprocess.run(specdec_command("pools", "--orchestrator", services["orchestrator"].address, "--json"),
+                           capture_output=True, text=True, timeout=120)
+    assert pools.returncode == 0, pools.stderr
+    answer = json.loads(pools.stdout)
+    assert answer["draft_shares_compute"] and answer["shared_compute_without_turns"], answer
+
+
 def test_generate_command_prints_json(services, reference_target):
     result = subprocess.run(
         specdec_command("generate", "--orchestrator", services["orchestrator"].address,
@@ -151,6 +167,7 @@ def test_up_starts_three_processes_and_stops_them_on_ctrl_c(tiny_pair):
     locks = re.findall(r"\[(\w+)\].*forward passes take turns with the services that name (\S+)", up.output())
     assert sorted(role for role, _ in locks) == ["draft", "target"], up.output()[-3000:]
     assert locks[0][1] == locks[1][1]
+    assert "do not take turns" not in up.output()  # the orchestrator sees them take turns
 
 
 def test_generate_streams_text_that_ends_its_line(services):

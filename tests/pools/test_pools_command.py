@@ -94,3 +94,17 @@ def test_a_draft_on_the_target_hardware_is_said_in_the_table():
     assert lines[2] == ("the draft replicas compute on the target replicas' hardware: pipelining auto holds off, "
                         "and under load speculation is tested seldom")
     assert "hardware" not in pools_table(RESPONSE)
+
+
+def test_a_draft_sharing_the_target_hardware_without_turns_is_warned_about_in_the_table():
+    from specdec_cli.pools_cmd import pools_table
+
+    untimed = pb.PoolsResponse()
+    untimed.CopyFrom(RESPONSE)
+    untimed.draft_shares_compute = True
+    untimed.shared_compute_without_turns = True
+    lines = pools_table(untimed).splitlines()
+    assert lines[3] == ("a draft replica computes on a target replica's hardware and their passes do not take "
+                        "turns: start both with the same --pass-lock FILE, or give the draft hardware of its own")
+    untimed.shared_compute_without_turns = False
+    assert "--pass-lock" not in pools_table(untimed)

@@ -14,7 +14,7 @@ import torch
 
 from specdec import attention
 from specdec.kv_cache import SequenceCache
-from specdec.pass_lock import PassLock
+from specdec.pass_lock import PassLock, take_turns
 from specdec.ragged import Feed
 from specdec.worker import ModelWorker
 
@@ -29,7 +29,7 @@ def model():
 
 _HOLDER = """
 import os, sys, time
-from specdec.pass_lock import PassLock
+from specdec.pass_lock import PassLock, take_turns
 lock = PassLock(sys.argv[1])
 log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND)
 for _ in range(40):
@@ -134,3 +134,20 @@ def test_a_worker_runs_its_passes_under_the_lock(model, tmp_path, monkeypatch):
     assert len(cache) == 4
     assert offset[0] == 100.0  # the pass took the lock once
     assert timed.compute_seconds < 100.0
+
+
+def test_a_lock_is_named_by_its_file_whatever_the_path(tmp_path):
+    """Info names a replica's pass lock by its file (device and inode), so two services that reach
+    one file by different paths are seen to take turns, and two files are not one lock."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "dir")
+    first, again, other = (PassLock(tmp_path / "dir" / "passes.lock"), PassLock(tmp_path / "link" / "passes.lock"),
+                           PassLock(tmp_path / "other.lock"))
+    try:
+        assert first.lock_id == again.lock_id and first.lock_id != other.lock_id
+        assert take_turns(first.lock_id, again.lock_id)
+        assert not take_turns(first.lock_id, other.lock_id)
+        assert not take_turns("", "")  # neither takes a lock
+    finally:
+        for lock in (first, again, other):
+            lock.close()
