@@ -100,6 +100,7 @@ class BenchConfig:
     device: str | None  # the services' --device (None: their default, cpu)
     draft_method: str  # the orchestrator's --draft-method, as `specdec up --draft-method` takes it
     packed_rows: str | None  # the model services' --packed-rows (None: their default, auto)
+    draft_head: str | None  # the target's --draft-head (None: its default, auto)
     hf_dtypes: tuple[str, ...]
     hf_seconds: float  # timed HF generate calls per batch size run until this many seconds
     skip_hf: bool
@@ -176,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
                              f"(default {StackConfig.draft_method}, as `specdec up` runs)")
     parser.add_argument("--packed-rows", default=None,
                         help="the model services' --packed-rows, auto, off or N,N (default: theirs, auto)")
+    parser.add_argument("--draft-head", default=None,
+                        help="the target's --draft-head: auto, none or a directory (default: its default, auto)")
     parser.add_argument("--hf-dtypes", help=f"dtypes of the HF anchor (default {FULL['hf_dtypes']})")
     parser.add_argument("--hf-seconds", type=float,
                         help=f"timed HF generate per batch size, at least (default {FULL['hf_seconds']:g})")
@@ -205,7 +208,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
             seconds_per_cell=float(pick("seconds_per_cell")), max_new_tokens=int(pick("max_new_tokens")),
             drain_seconds=float(pick("drain_seconds")), target=args.target, draft=args.draft,
             dtype=args.dtype, device=args.device, draft_method=args.draft_method,
-            packed_rows=args.packed_rows, hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
+            packed_rows=args.packed_rows, draft_head=args.draft_head, hf_dtypes=tuple(common.comma_items(pick("hf_dtypes"))),
             hf_seconds=float(pick("hf_seconds")), skip_hf=args.skip_hf, seed=args.seed, repeats=args.repeats,
             prompt_set=args.prompt_set,
             quick=args.quick,
@@ -308,6 +311,8 @@ class Request:
     lookup_drafts: int = 0  # tokens the target looked up in its Decode passes, verified
     lookup_accepted: int = 0  # of those, accepted
     lookup_price: float | None = None  # the controller's price of such a row at the request's end
+    head_drafts: int = 0  # drafts of the target's draft head verified in its Decode passes
+    head_accepted: int = 0  # of those, accepted
     finish_reason: str = ""
 
 
@@ -365,6 +370,8 @@ class Cell:
             record.lookup_drafts = stats.decode_lookup_drafts
             record.lookup_accepted = stats.decode_lookup_accepted
             record.lookup_price = stats.controller_estimates.get("decode_lookup_min_chance")
+            record.head_drafts = stats.decode_head_drafts
+            record.head_accepted = stats.decode_head_accepted
             record.finish_reason = pb.FinishReason.Name(last.finish_reason)
         except grpc.RpcError as error:
             record.error = error.code().name if error.code() else str(error)
@@ -446,6 +453,8 @@ class Cell:
             "decode_lookup_drafts": sum(r.lookup_drafts for r in completed),
             "decode_lookup_accepted": sum(r.lookup_accepted for r in completed),
             "decode_lookup_min_chance": mean_of([r.lookup_price for r in completed]),
+            "decode_head_drafts": sum(r.head_drafts for r in completed),
+            "decode_head_accepted": sum(r.head_accepted for r in completed),
             "stream_tokens_per_second": rates,
             "slowest_over_median": ratio(min(rates), median_rate),
         }
@@ -530,12 +539,16 @@ def run_cells(address: str, replicas: Replicas, config: BenchConfig, prompts: li
 
 
 def lookups(cell: dict) -> str:
-    """"looked up 120/300, ": the target's own lookups in Decode passes, accepted / verified."""
-    if not cell.get("decode_lookup_drafts"):
-        return ""
-    price = cell.get("decode_lookup_min_chance")
-    return (f"looked up {cell['decode_lookup_accepted']}/{cell['decode_lookup_drafts']}"
-            f"{f' at >= {price:.2f}' if price is not None else ''}, ")
+    """"looked up 120/300, head 80/200, ": the target's own lookups and its draft head's drafts in
+    Decode passes, accepted / verified."""
+    text = ""
+    if cell.get("decode_lookup_drafts"):
+        price = cell.get("decode_lookup_min_chance")
+        text = (f"looked up {cell['decode_lookup_accepted']}/{cell['decode_lookup_drafts']}"
+                f"{f' at >= {price:.2f}' if price is not None else ''}, ")
+    if cell.get("decode_head_drafts"):
+        text += f"head {cell['decode_head_accepted']}/{cell['decode_head_drafts']}, "
+    return text
 
 
 def mean_of(values: list[float | None]) -> float | None:
@@ -548,7 +561,7 @@ MEAN_FIELDS = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"
                "slowest_over_median", "load_average_1m", "decode_lookup_min_chance")
 SUM_FIELDS = ("window_seconds", "drain_seconds", "tokens_in_window", "requests_started", "requests_completed",
               "requests_cancelled_after_drain", "target_passes", "draft_passes", "ttft_samples", "itl_samples",
-              "decode_lookup_drafts", "decode_lookup_accepted")
+              "decode_lookup_drafts", "decode_lookup_accepted", "decode_head_drafts", "decode_head_accepted")
 
 
 def merge_repeats(cells: list[dict]) -> list[dict]:
@@ -811,6 +824,7 @@ def describe(config: BenchConfig, environment: dict) -> list[str]:
              f"draft method), services' dtype {config.dtype or 'default (auto)'}, "
              + (f"--packed-rows {config.packed_rows}, other service flags default; " if config.packed_rows
                 else "default service flags; ")
+             + (f"the target's --draft-head {config.draft_head}; " if config.draft_head else "")
              + (f"linear layers packed: {', '.join(f'{role} {how}' for role, how in packings.items())}; "
                 if (packings := environment.get("linear_packing")) else "")
              + f"{environment.get('cpu_count')} CPUs."
@@ -873,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
     environment = common.environment()
     stack_config = StackConfig(target=config.target, draft=config.draft, device=config.device,
                                dtype=config.dtype, port=0, echo=False, draft_method=config.draft_method,
-                               packed_rows=config.packed_rows)
+                               packed_rows=config.packed_rows, draft_head=config.draft_head)
     common.prepare_default_models(stack_config)
     cell_count = len(config.streams) * len(config.schedules) * config.repeats
     hf_steps = 0 if config.skip_hf else len(config.streams) * len(config.hf_dtypes)

@@ -175,6 +175,7 @@ class DecodeStep:
     # they looked up themselves (DecodeLookup).
     offered: DraftTally | None = None
     looked_up: DraftTally | None = None
+    headed: DraftTally | None = None  # and with its draft head's drafts
 
 
 class TargetClient(ReplicaClient):
@@ -219,6 +220,7 @@ class TargetClient(ReplicaClient):
             if lookup is not None:
                 request.lookup_max_tokens = lookup.max_tokens
                 request.lookup_min_chance = lookup.min_chance
+                request.head_max_tokens = lookup.head_max_tokens
             started = time.perf_counter()
             # A step's deadline per token asked for, and one at least: with a deadline of 0 a call
             # for no tokens would race its own INVALID_ARGUMENT and could come back as lost.
@@ -247,9 +249,10 @@ class TargetClient(ReplicaClient):
                     offered = DraftTally(response.offered_passes, response.offered_drafts,
                                          response.offered_accepted, response.offered_branch_passes)
                     looked_up = DraftTally(response.lookup_passes, response.lookup_drafts, response.lookup_accepted)
+                    headed = DraftTally(response.head_passes, response.head_drafts, response.head_accepted)
                     yield DecodeStep(convert.handle_from_proto(response.handle), tuple(response.token_ids), timing,
                                      probabilities if len(probabilities) == len(response.token_ids) else (),
-                                     offered, looked_up)
+                                     offered, looked_up, headed)
                     if response.last:
                         return
             finally:

@@ -602,14 +602,24 @@ class Generation:
         the price of a row allows: the controller's (LookupChooser.decode_lookup_min_chance), the
         target's own if higher, and while the guard holds K = 0 at least GUARDED_LOOKUP_CHANCE.
         The target looks them up with no hop, so a stretch of K = 0 rounds, the guard's K = 0
-        and a streamed request still speculate where the text repeats itself."""
-        if not self._looks_up_in_decode():
+        and a streamed request still speculate where the text repeats itself. Any speculating
+        request under the adaptive controller also lets a target with a draft head verify the
+        head's drafts where nothing else proposes (at the same price; a target without one
+        ignores it)."""
+        looks_up, heads = self._looks_up_in_decode(), self._drafts_with_head()
+        if not looks_up and not heads:
             return None
         assert isinstance(self.policy, LookupChooser)
         min_chance = self.policy.decode_lookup_min_chance()
         if not self._speculating():  # the guard holds the system at K = 0: the load is heavy
             min_chance = max(min_chance, GUARDED_LOOKUP_CHANCE)
-        return DecodeLookup(self._max_num_speculative_tokens(), min_chance)
+        most = self._max_num_speculative_tokens()
+        return DecodeLookup(most if looks_up else 0, min_chance, head_max_tokens=most if heads else 0)
+
+    def _drafts_with_head(self) -> bool:
+        """Whether this request's Decode calls let the target verify its draft head's drafts."""
+        return (self.request.speculate and isinstance(self.policy, LookupChooser)
+                and self._max_num_speculative_tokens() > 0)
 
     def _looks_up_in_decode(self) -> bool:
         """Whether this request's Decode calls look up tokens in their own passes (_decode_lookup)."""
@@ -635,7 +645,7 @@ class Generation:
         (a stretch cut short by the request's end or the guard is no stretch's pace); otherwise,
         where the call's passes looked up tokens (priced), their time and load only, which
         price those rows in the next call."""
-        started, decoded, timing, offered, looked_up = time.perf_counter(), 0, None, None, None
+        started, decoded, timing, offered, looked_up, headed = time.perf_counter(), 0, None, None, None, None
         re_prefills = self.stats.re_prefills  # a session rebuilt mid-stream: the timing covers its last call only
         self._decoded_probabilities.clear()
         try:
@@ -644,6 +654,7 @@ class Generation:
                 timing = step.timing or timing
                 offered = step.offered or offered
                 looked_up = step.looked_up or looked_up
+                headed = step.headed or headed
                 # C takes each step's tokens before the next is asked for: they go at len(C) on.
                 for offset, probability in enumerate(step.probabilities):
                     self._decoded_probabilities[len(self.committed) + offset] = probability
@@ -665,6 +676,10 @@ class Generation:
                 self.stats.decode_lookup_passes += looked_up.passes
                 self.stats.decode_lookup_drafts += looked_up.drafts
                 self.stats.decode_lookup_accepted += looked_up.accepted
+            if headed is not None and headed.passes:
+                self.stats.decode_head_passes += headed.passes
+                self.stats.decode_head_drafts += headed.drafts
+                self.stats.decode_head_accepted += headed.accepted
             self._decoded_in_call = decoded
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
@@ -673,7 +688,7 @@ class Generation:
                 passes = None
                 if (timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1
                         and self.stats.re_prefills == re_prefills):
-                    passes = _decoded_passes(decoded, timing, (offered, looked_up))
+                    passes = _decoded_passes(decoded, timing, (offered, looked_up, headed))
                 if planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
                     self.policy.observe_plain(decoded, pace, passes)

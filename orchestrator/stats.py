@@ -63,6 +63,10 @@ class GenerationStats:
     decode_lookup_passes: int = 0
     decode_lookup_drafts: int = 0
     decode_lookup_accepted: int = 0
+    # Drafts of the target's draft head in its Decode passes: passes, drafts, accepted.
+    decode_head_passes: int = 0
+    decode_head_drafts: int = 0
+    decode_head_accepted: int = 0
     shadow_probes: int = 0  # probes run beside a stretch of K = 0 rounds instead of as rounds
     observer: StatsObserver | None = field(default=None, repr=False, compare=False)
 

@@ -142,6 +142,13 @@ class Telemetry:
                                             "Looked-up tokens verified in the target's Decode passes")
         self.decode_lookup_accepted = counter("specdec:decode_lookup_accepted",
                                               "Looked-up tokens the target accepted in its Decode passes")
+        # The target's draft head in its own Decode passes.
+        self.decode_head_passes = counter("specdec:decode_head_passes",
+                                          "Target Decode passes that verified drafts of its draft head")
+        self.decode_head_drafts = counter("specdec:decode_head_drafts",
+                                          "Draft-head drafts verified in the target's Decode passes")
+        self.decode_head_accepted = counter("specdec:decode_head_accepted",
+                                            "Draft-head drafts the target accepted in its Decode passes")
         # The orchestrator HPA's Pods metric, under the model services' name and labels.
         self.active_sessions = Gauge("specdec_active_sessions", "Generate streams in flight",
                                      ["role", "replica_id"], registry=registry).labels(
@@ -168,7 +175,8 @@ class Telemetry:
                        self.draft_unavailable_rounds, self.pipelined_rounds, self.pipeline_hits,
                        self.pipeline_misses, self.branches_drafted, self.offered_passes,
                        self.offered_drafts, self.offered_accepted, self.offered_branch_passes,
-                       self.decode_lookup_passes, self.decode_lookup_drafts, self.decode_lookup_accepted):
+                       self.decode_lookup_passes, self.decode_lookup_drafts, self.decode_lookup_accepted,
+                       self.decode_head_passes, self.decode_head_drafts, self.decode_head_accepted):
             family.labels(model_name)
         self._position(0)
 
@@ -297,6 +305,9 @@ class RequestTelemetry:
         t.decode_lookup_passes.labels(model).inc(stats.decode_lookup_passes)
         t.decode_lookup_drafts.labels(model).inc(stats.decode_lookup_drafts)
         t.decode_lookup_accepted.labels(model).inc(stats.decode_lookup_accepted)
+        t.decode_head_passes.labels(model).inc(stats.decode_head_passes)
+        t.decode_head_drafts.labels(model).inc(stats.decode_head_drafts)
+        t.decode_head_accepted.labels(model).inc(stats.decode_head_accepted)
         if last is not None and finish not in ("abort", "error"):
             t.e2e_request_latency.labels(model).observe(last - self.arrived)
             if first_token is not None and stats.generated_tokens > 1:

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from specdec import attention
+from specdec.draft_head import DEFAULT_HEAD_DIR, DraftHead, HeadFormatError, is_head_dir, load_head
 from specdec.errors import InvalidInput, Unavailable
 from specdec.ragged import mark_batch_invariant
 from specdec.packed_linear import (
@@ -58,10 +59,15 @@ class ModelConfig:
     # or bfloat16 with native bfloat16, oneDNN's only), the faster of the two on this machine,
     # measured at load.
     packed_rows: Packing | None = None
+    # A target's draft head (specdec/draft_head.py): "auto" (the shipped head of the default
+    # target, none for another model), "none", or a head directory.
+    draft_head: str = "auto"
 
     def __post_init__(self) -> None:
         if self.role not in ("target", "draft"):
             raise ValueError(f"role must be target or draft, got {self.role!r}")
+        if self.draft_head not in ("auto", "none") and self.role != "target":
+            raise ValueError("only a target has a draft head")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -123,6 +129,7 @@ class LoadedModel:
     dtype: str
     device: str
     linear_packing: str = ""  # as the Info field: "any", "8,17" or "" (not packed)
+    head: DraftHead | None = None  # a target's draft head, in the model's dtype
 
 
 def resolve_model_dir(model: str, role: Role) -> Path:
@@ -181,6 +188,13 @@ def load_model(config: ModelConfig) -> LoadedModel:
         tokenizer = load_tokenizer(path)
     model.eval()
     model.requires_grad_(False)
+    head_dir = resolve_head_dir(config)
+    head = None
+    if head_dir is not None:  # before packing: the head copies the output head's rows it uses
+        head = load_head(head_dir, model)
+        head.requires_grad_(False)
+        log.info("draft head %s: its drafts are verified in Decode passes where nothing else proposes",
+                 head_dir)
     attention.use_ragged(model)
     packing = pack_fastest(model, config.packing_candidates)
     if mark_batch_invariant(model):
@@ -207,7 +221,20 @@ def load_model(config: ModelConfig) -> LoadedModel:
         dtype=str(dtype).removeprefix("torch."),
         device=config.device,
         linear_packing=packing_text(packing),
+        head=head,
     )
+
+
+def resolve_head_dir(config: ModelConfig) -> Path | None:
+    """The draft head directory a target loads (ModelConfig.draft_head), or None."""
+    if config.role != "target" or config.draft_head == "none":
+        return None
+    if config.draft_head == "auto":
+        return DEFAULT_HEAD_DIR if config.model == DEFAULT_MODEL and is_head_dir(DEFAULT_HEAD_DIR) else None
+    path = Path(config.draft_head)
+    if not is_head_dir(path):
+        raise HeadFormatError(f"--draft-head {path}: not a draft head directory (no specdec_head.json)")
+    return path
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:

@@ -134,14 +134,18 @@ class DecodeLookup:
     """Lookups in a Decode's own passes: where a pass has no offered drafts to verify, it verifies
     up to max_tokens tokens looked up in the session's own tokens (prompt lookup), as many of them
     as have, by the session's acceptance so far per match length, at least min_chance of being
-    accepted together with the ones before them (the caller's price of a row, in tokens)."""
+    accepted together with the ones before them (the caller's price of a row, in tokens). Where
+    the lookup finds nothing, up to head_max_tokens drafts of the replica's draft head, if it has
+    one (specdec.draft_head), by the same price and the head's own probabilities."""
 
     max_tokens: int
     min_chance: float = 0.0
+    head_max_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 0:
-            raise InvalidInput(f"lookup max_tokens must be >= 0, got {self.max_tokens}")
+        if self.max_tokens < 0 or self.head_max_tokens < 0:
+            raise InvalidInput(f"lookup max_tokens and head_max_tokens must be >= 0, got {self.max_tokens}, "
+                               f"{self.head_max_tokens}")
         if not 0.0 <= self.min_chance <= 1.0:
             raise InvalidInput(f"lookup min_chance must be in [0, 1], got {self.min_chance}")
 

@@ -32,6 +32,7 @@ from typing import TypeVar
 import torch
 
 from specdec.attention import RAGGED, block_rows_attention
+from specdec.draft_head import DraftHead
 from specdec.kv_cache import SequenceCache, attention_dtype, text_config
 from specdec.packed_linear import rows_invariant
 
@@ -51,15 +52,53 @@ class Feed:
     # Attend row by row even if not every row is scored: tokens that were first fed as one-token
     # steps or verify rows, fed again (a re-prefill after a lost replica).
     one_by_one: bool = False
+    # Also the kept rows' last hidden states (what the output head reads, (rows_kept, H)): the
+    # pass sets `hidden` (a draft head drafts from them, specdec.draft_head).
+    keep_hidden: bool = False
+    hidden: torch.Tensor | None = None
 
     @property
     def rows_kept(self) -> int:
         return len(self.token_ids) if self.keep_all else 1
 
 
-# A session's model work: yields Feeds, is sent each Feed's logits, returns its result. The
-# services' worker (specdec.worker) runs many jobs' Feeds in shared passes; run_alone runs one.
-Job = Generator[Feed, torch.Tensor, Result]
+@dataclass
+class HeadFeed:
+    """A job's request for drafts of a draft head (specdec.draft_head): `depth` greedy drafts
+    after token_id, from the target's last hidden state at the row that chose it. The worker runs
+    the head feeds of a pass's sessions as one batch; the job is sent (draft ids, chances)."""
+
+    head: DraftHead
+    hidden: torch.Tensor  # (H,)
+    token_id: int
+    depth: int
+    min_chance: float = 0.0  # the drafts worth drafting: DraftHead.draft
+
+
+def run_heads(feeds: Sequence[HeadFeed]) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """Each HeadFeed's drafts and their chances, the feeds of one head in one batch."""
+    results: list[tuple[tuple[int, ...], tuple[float, ...]] | None] = [None] * len(feeds)
+    by_head: dict[int, list[int]] = {}
+    for index, feed in enumerate(feeds):
+        if feed.depth < 1:
+            raise ValueError(f"a head feed needs depth >= 1, got {feed.depth}")
+        by_head.setdefault(id(feed.head), []).append(index)
+    for indices in by_head.values():
+        head = feeds[indices[0]].head
+        depth = max(feeds[i].depth for i in indices)
+        drafts, chances = head.draft(torch.stack([feeds[i].hidden for i in indices]),
+                                     torch.tensor([feeds[i].token_id for i in indices]), depth,
+                                     min(feeds[i].min_chance for i in indices))
+        for row, index in enumerate(indices):
+            wanted = feeds[index].depth
+            results[index] = (tuple(drafts[row, :wanted].tolist()), tuple(chances[row, :wanted].tolist()))
+    return results  # type: ignore[return-value]
+
+
+# A session's model work: yields Feeds, is sent each Feed's logits, returns its result (and may
+# yield a HeadFeed, which is sent the head's drafts). The services' worker (specdec.worker) runs
+# many jobs' Feeds in shared passes; run_alone runs one.
+Job = Generator["Feed | HeadFeed", "torch.Tensor | tuple", Result]
 
 # A batch-invariant model's attention over a prompt runs in blocks of this many positions, and the
 # worker ends prompt chunks on them: a prompt's rows then get the same attention calls however it
@@ -156,11 +195,14 @@ _bias = _RowBiases()
 
 
 def run_alone(model: torch.nn.Module, job: Job[Result]) -> Result:
-    """Runs a job with a pass of its own for each Feed."""
+    """Runs a job with a pass of its own for each Feed (and a head call for each HeadFeed)."""
     try:
         feed = next(job)
         while True:
-            feed = job.send(forward(model, [feed])[0])
+            if isinstance(feed, HeadFeed):
+                feed = job.send(run_heads([feed])[0])
+            else:
+                feed = job.send(forward(model, [feed])[0])
     except StopIteration as stop:
         return stop.value
 
@@ -276,16 +318,30 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
         positions.extend(range(cached, cached + new))
         keep.extend(range(start, start + new) if feed.keep_all else (start + new - 1,))
         spans.append(_span(feed, start, invariant, together, groups, device))
-    output = model(
-        input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
-        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        use_cache=False,
-        logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-        ragged=RaggedBatch(tuple(spans)),
-    )
+    captured: list[torch.Tensor] = []
+    hook = None
+    if any(feed.keep_hidden for feed in feeds):  # the output head's input: the kept rows' states
+        hook = model.get_output_embeddings().register_forward_hook(
+            lambda module, args, output: captured.append(args[0]))
+    try:
+        output = model(
+            input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
+            position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+            use_cache=False,
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
+            ragged=RaggedBatch(tuple(spans)),
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
     for feed in feeds:
         feed.cache.extend(feed.token_ids)
+    sizes = [f.rows_kept for f in feeds]
+    if captured:
+        for feed, hidden in zip(feeds, captured[0][0].detach().split(sizes)):
+            if feed.keep_hidden:
+                feed.hidden = hidden
     logits = output.logits[0]  # (len(keep), V)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    return list(logits.cpu().split([f.rows_kept for f in feeds]))
+    return list(logits.cpu().split(sizes))

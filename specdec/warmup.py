@@ -54,4 +54,8 @@ def load_warm(config: ModelConfig, max_num_speculative_tokens: int) -> LoadedMod
     max_num_speculative_tokens drafts, before the service reports ready."""
     loaded = load_model(config)
     warm_up(loaded.model, max_num_speculative_tokens + 1)
+    if loaded.head is not None:  # its first calls, of one session's rows and of several
+        size = loaded.head.config.hidden_size
+        for rows in (1, 4):
+            loaded.head.draft(torch.zeros(rows, size), torch.zeros(rows, dtype=torch.long), max_num_speculative_tokens)
     return loaded

@@ -316,19 +316,20 @@ class ModelWorker:
                 self._started(entry)
                 entry.job = entry.make_job()
                 self._advance(entry, None)
-        chosen = self._choose([e for e in entries if not e.future.done()])
-        if not chosen:
-            return
-        feeds = [feed for _, feed in chosen]
         locking = time.perf_counter()
-        try:
-            with self._pass_lock or nullcontext():
-                waited = time.perf_counter() - locking  # other services' passes, not this one's
+        with self._pass_lock or nullcontext():
+            waited = time.perf_counter() - locking  # other services' passes, not this one's
+            self._run_heads(entries)
+            chosen = self._choose([e for e in entries if not e.future.done()])
+            if not chosen:
+                return
+            feeds = [feed for _, feed in chosen]
+            try:
                 logits = forward(self._model, feeds)
-        except Exception as error:
-            for entry, _ in chosen:
-                self._fail(entry, error)
-            return
+            except Exception as error:
+                for entry, _ in chosen:
+                    self._fail(entry, error)
+                return
         seconds = time.perf_counter() - started - waited
         self._last_pass_seconds = seconds
         rows = sum(len(feed.token_ids) for feed in feeds)
@@ -347,7 +348,27 @@ class ModelWorker:
             entry.sessions += len(feeds)
             entry.fed += len(feed.token_ids)
             if entry.fed == len(entry.feed.token_ids):
+                if feed is not entry.feed:  # a prompt's last chunk: its states are the prompt's
+                    entry.feed.hidden = feed.hidden
                 self._advance(entry, entry_logits)
+
+    def _run_heads(self, entries: list[_Entry]) -> None:
+        """Runs the draft-head feeds the jobs wait on, all of a round in one batch, until every
+        job waits on a Feed (or finished); a head call that fails fails the jobs in it."""
+        from specdec.ragged import HeadFeed, run_heads
+
+        while True:
+            asking = [e for e in entries if isinstance(e.feed, HeadFeed) and not e.future.done()]
+            if not asking:
+                return
+            try:
+                results = run_heads([e.feed for e in asking])
+            except Exception as error:
+                for entry in asking:
+                    self._fail(entry, error)
+                return
+            for entry, result in zip(asking, results):
+                self._advance(entry, result)
 
     def _started(self, entry: _Entry) -> None:
         if self.observer is not None:
@@ -390,7 +411,7 @@ class ModelWorker:
             entry.feed = None
             entry.future.set_exception(error)
             return
-        if not feed.token_ids:
+        if getattr(feed, "token_ids", None) == []:  # a Feed without tokens (a HeadFeed has none)
             self._fail(entry, ValueError("a job fed no tokens"))
             return
         entry.feed, entry.fed = feed, 0
@@ -451,4 +472,4 @@ def _rest(entry: _Entry, take: int) -> Feed:
     if entry.fed == 0 and take == len(feed.token_ids):
         return feed
     return Feed(feed.cache, feed.token_ids[entry.fed:entry.fed + take], keep_all=feed.keep_all,
-                one_by_one=feed.one_by_one)
+                one_by_one=feed.one_by_one, keep_hidden=feed.keep_hidden)

@@ -20,6 +20,7 @@ COMMANDS = {
     "up": ("up_cmd", "start target, draft and orchestrator locally"),
     "demo": ("demo_cmd", "run the default pair locally and measure the speedup"),
     "distill": ("distill_cmd", "train a draft model for a target on the target's own greedy answers"),
+    "distill-head": ("distill_head_cmd", "train a draft head for a target on the target's own greedy answers"),
     "pools": ("pools_cmd", "show the orchestrator's draft and target replicas"),
     "bench": ("bench_cmd", "measure a running pair: speculation off vs adaptive vs fixed K"),
     "proxy": ("proxy_cmd", "forward TCP to a service, adding network delay (for benchmarks)"),

@@ -129,6 +129,12 @@ def _model_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "same file: their forward passes never overlap, so services that share "
                              "CPU cores do not slow each other's passes down (`specdec up` sets it; "
                              "default: none, for a service with cores of its own)")
+    if role == "target":
+        parser.add_argument("--draft-head", default=default_of(ModelConfig, "draft_head"), metavar="DIR",
+                            help="a draft head (`specdec distill-head`) whose drafts the target verifies in "
+                                 "its own Decode passes where nothing else proposes: a directory, auto "
+                                 "(the head shipped for the default target, with --model default) or "
+                                 "none (default: %(default)s)")
     if role == "draft":
         parser.add_argument("--top-m", type=int, default=default_of(DraftConfig, "top_m"),
                             help="entries of each draft distribution sent when sampling (default "
@@ -256,7 +262,14 @@ def run_model_service(args: argparse.Namespace) -> int:
     with flag_values():
         model = ModelConfig(args.model, args.role, device=args.device, dtype=args.dtype,
                             max_context=args.max_context,
-                            packed_rows=None if args.packed_rows == "auto" else args.packed_rows)
+                            packed_rows=None if args.packed_rows == "auto" else args.packed_rows,
+                            draft_head=getattr(args, "draft_head", "none"))
+        if model.draft_head not in ("auto", "none"):
+            from specdec.draft_head import is_head_dir
+
+            if not is_head_dir(Path(model.draft_head)):
+                raise UsageError(f"--draft-head {model.draft_head}: not a draft head directory "
+                                 "(no specdec_head.json; `specdec distill-head` makes one)")
         service = ServiceConfig(
             replica_id=args.replica_id or default_replica_id(args.port),
             budget=SessionBudget(args.max_sessions, args.max_cached_tokens, args.session_ttl),

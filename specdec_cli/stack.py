@@ -126,6 +126,7 @@ class StackConfig:
     # The two model services share this machine's cores: their forward passes take turns
     # (`specdec serve --pass-lock`, specdec/pass_lock.py) rather than slow each other down.
     pass_lock: bool = True
+    draft_head: str | None = None  # the target's --draft-head (None: its default, auto)
 
 
 def _flags(**values: object) -> list[str]:
@@ -157,7 +158,7 @@ def local_stack(config: StackConfig) -> Iterator[dict[str, ServiceProcess]]:
                         threads=config.threads, packed_rows=config.packed_rows, metrics_port=0,
                         pass_lock=pass_lock)
         target, draft = start_services(stack, [
-            ("target", ["--model", config.target, *common], None),
+            ("target", ["--model", config.target, *common, *_flags(draft_head=config.draft_head)], None),
             ("draft", ["--model", config.draft, *common], None),
         ], timeout=600.0, echo=config.echo)
         (orchestrator,) = start_services(stack, [("orchestrator", [

@@ -63,6 +63,10 @@ def add_stack_flags(parser: argparse.ArgumentParser) -> None:
                              "whichever the K controller expects to commit tokens faster; model: the "
                              f"draft model alone (default: {default_of(StackConfig, 'draft_method')}; "
                              "model with --pipeline on, auto or stream, which draft ahead with the model)")
+    parser.add_argument("--draft-head", default=None, metavar="auto|none|DIR",
+                        help="the target's --draft-head: a draft head whose drafts the target verifies "
+                             "in its own Decode passes where nothing else proposes (default: "
+                             "`specdec serve`'s, auto: the head shipped for the default target)")
     add_speculation_flags(parser)
 
 
@@ -91,7 +95,7 @@ def stack_config(args: argparse.Namespace, echo: bool = True) -> StackConfig:
         max_num_speculative_tokens=args.max_num_speculative_tokens, pipeline=args.pipeline,
         pipeline_fanout=args.pipeline_fanout,
         draft_method=stack_draft_method(args.draft_method, args.pipeline), echo=echo, threads=args.threads,
-        packed_rows=args.packed_rows,
+        packed_rows=args.packed_rows, draft_head=args.draft_head,
         # `specdec demo` shares these flags but has no HTTP API (no --http-port of its own)
         http_port=None if getattr(args, "no_http", True) else args.http_port)
 

@@ -18,7 +18,8 @@ from specdec.kv_cache import SequenceCache
 from specdec.lookup import NgramProposer
 from specdec.lookup_acceptance import LookupAcceptance, LookupPriors
 from specdec.models import LoadedModel
-from specdec.ragged import Feed, Job
+from specdec.draft_head import DraftHead
+from specdec.ragged import Feed, HeadFeed, Job
 from specdec.protocol import (
     MAX_DECODE_STEPS,
     MAX_DRAFT_TOP_M,
@@ -62,6 +63,9 @@ class TargetSessionState:
     sampling: SamplingParams
     tokens: list[int]  # C
     lookup: SessionLookup | None = None  # from its first Decode with lookups
+    # With a draft head: the last hidden state at the row that chose C[-1] (what the head drafts
+    # from), None where no pass of this replica chose it (after a prompt or a rebuild).
+    head_hidden: torch.Tensor | None = None
 
     @property
     def committed_length(self) -> int:
@@ -70,8 +74,10 @@ class TargetSessionState:
 
 class TargetEngine:
     def __init__(self, loaded: LoadedModel, max_num_speculative_tokens: int,
-                 row_price: Callable[[], float] = lambda: 0.0) -> None:
+                 row_price: Callable[[], float] = lambda: 0.0, head: DraftHead | None = None) -> None:
         self.loaded = loaded
+        # Drafts in a Decode's own passes where nothing else proposes (specdec.draft_head).
+        self.head = head
         self.max_num_speculative_tokens = max_num_speculative_tokens
         # The chance a looked-up token needs to pay for its row, as this replica measures its
         # passes (specdec.pass_costs); a Decode's caller may ask for more.
@@ -94,10 +100,12 @@ class TargetEngine:
             if prompt < len(fed):
                 yield Feed(cache, fed[prompt:], one_by_one=True)
             return TargetSessionState(cache, token_ids[-1], sampling, list(token_ids)), None
-        logits = yield Feed(cache, token_ids)  # (1, V): the last row
+        feed = Feed(cache, token_ids, keep_hidden=self.head is not None)
+        logits = yield feed  # (1, V): the last row
         position = len(token_ids)
         first = self._sample(logits, sampling, keyed_uniform(sampling.seed, position, "target"))
-        return TargetSessionState(cache, first, sampling, [*token_ids, first]), first
+        head_hidden = None if feed.hidden is None else feed.hidden[-1]
+        return TargetSessionState(cache, first, sampling, [*token_ids, first], head_hidden=head_hidden), first
 
     def verify(self, state: TargetSessionState, proposal: Proposal) -> Job[VerifyOutcome]:
         """One round: feeds [C[-1], d1..dK] in one pass, accepts a prefix, truncates to C'[:-1]."""
@@ -115,7 +123,8 @@ class TargetEngine:
                 f"{self.loaded.max_context}"
             )
         rows = [state.last_token_id, *proposal.token_ids]
-        logits = yield Feed(state.cache, rows, keep_all=True)  # (K + 1, V)
+        feed = Feed(state.cache, rows, keep_all=True, keep_hidden=self.head is not None)
+        logits = yield feed  # (K + 1, V)
         drafts = torch.tensor(proposal.token_ids, dtype=torch.long)  # (K,)
         sampling = state.sampling
         target_probs = None
@@ -135,6 +144,7 @@ class TargetEngine:
             )
         state.cache.truncate(committed + outcome.num_accepted)
         state.last_token_id = outcome.next_token_id
+        state.head_hidden = None if feed.hidden is None else feed.hidden[outcome.num_accepted]
         state.tokens.extend((*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id))
         return outcome, target_probs
 
@@ -143,7 +153,7 @@ class TargetEngine:
                stopped: Callable[[], bool] = lambda: False,
                offered: Callable[[], DraftOffer | None] = lambda: None,
                tally: DraftTally | None = None, lookup: DecodeLookup | None = None,
-               looked_up: DraftTally | None = None) -> Job[list[DecodedToken]]:
+               looked_up: DraftTally | None = None, headed: DraftTally | None = None) -> Job[list[DecodedToken]]:
         """Plain decoding: up to max_tokens Verify rounds without drafts, one pass each, so every
         token is exactly the one those rounds would return (under sampling with its probability
         p, DecodedToken); emit(token) after each. Stops after an end-of-sequence token of the
@@ -155,7 +165,9 @@ class TargetEngine:
         sampled; a round stops short of max_tokens and the max context. tally counts them.
 
         lookup: a step with no offered drafts verifies, in the same way, tokens looked up in C
-        itself (_looked_up); looked_up counts them."""
+        itself (_looked_up); looked_up counts them. Where the lookup finds none either and the
+        replica has a draft head, up to lookup.head_max_tokens of the head's drafts (_headed);
+        headed counts them."""
         if not 1 <= max_tokens <= MAX_DECODE_STEPS:
             raise InvalidInput(f"max_tokens must be in [1, {MAX_DECODE_STEPS}], got {max_tokens}")
         if state.committed_length >= self.loaded.max_context:
@@ -175,9 +187,15 @@ class TargetEngine:
             if from_lookup:
                 assert lookup is not None
                 proposal = self._looked_up(state, min(room, lookup.max_tokens), lookup.min_chance)
+            from_head = (not proposal.token_ids and lookup is not None and lookup.head_max_tokens > 0 and room > 0
+                         and self.head is not None and state.head_hidden is not None)
+            if from_head:
+                assert lookup is not None
+                proposal = yield from self._headed(state, min(room, lookup.head_max_tokens), lookup.min_chance)
+                from_lookup = False
             outcome, target_probs = yield from self._verify(state, proposal)
             round_ids = [*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id]
-            counted = looked_up if from_lookup else tally
+            counted = looked_up if from_lookup else headed if from_head else tally
             if proposal.token_ids and counted is not None:
                 counted.passes += 1
                 counted.drafts += len(proposal.token_ids)
@@ -220,6 +238,28 @@ class TargetEngine:
                 break
             count += 1
         return found.first(count).proposal(state.sampling)
+
+    def _headed(self, state: TargetSessionState, max_tokens: int, min_chance: float) -> Job[Proposal]:
+        """Up to max_tokens drafts of the draft head after C (from the hidden state that chose
+        C[-1]), as many as have at least min_chance (or the replica's own price of a row, if
+        higher) of being accepted together with the ones before them, by the head's own
+        probabilities; one-hot q~ when sampling."""
+        max_tokens = min(max_tokens, self.max_num_speculative_tokens)
+        assert self.head is not None and state.head_hidden is not None
+        if max_tokens <= 0:
+            return _NO_DRAFTS
+        min_chance = max(min_chance, self.row_price())
+        drafts, chances = yield HeadFeed(self.head, state.head_hidden, state.last_token_id, max_tokens, min_chance)
+        together, count = 1.0, 0
+        for chance in chances:
+            together *= chance
+            if together < min_chance:
+                break
+            count += 1
+        token_ids = drafts[:count]
+        distributions = () if state.sampling.greedy else tuple(
+            SparseDistribution((token,), (1.0,)) for token in token_ids)
+        return Proposal(token_ids, distributions)
 
     def _dense_drafts(self, proposal: Proposal) -> torch.Tensor:
         """(K, V) float64: each q~ as the draft sampled from it."""

@@ -30,7 +30,7 @@ class TargetService(SessionService[TargetSessionState]):
 
     def __init__(self, loaded: LoadedModel, config: ServiceConfig) -> None:
         super().__init__(loaded, config, size_of=lambda state: len(state.cache))
-        self.engine = TargetEngine(loaded, config.max_num_speculative_tokens, self._row_price)
+        self.engine = TargetEngine(loaded, config.max_num_speculative_tokens, self._row_price, loaded.head)
         self._tokenizer_files = tokenizer_files(loaded.tokenizer)
         # Sessions in a Decode call, each with its latest DraftOffer (None before the first).
         self._offers: dict[str, DraftOffer | None] = {}
@@ -59,18 +59,19 @@ class TargetService(SessionService[TargetSessionState]):
 
     async def decode(self, handle: Handle, max_tokens: int, emit: Callable[[DecodedToken], None],
                      stopped: Callable[[], bool], tally: DraftTally | None = None,
-                     lookup: DecodeLookup | None = None, looked_up: DraftTally | None = None
-                     ) -> tuple[Handle, list[DecodedToken], Timing]:
+                     lookup: DecodeLookup | None = None, looked_up: DraftTally | None = None,
+                     headed: DraftTally | None = None) -> tuple[Handle, list[DecodedToken], Timing]:
         """TargetEngine.decode as one call; emit(token) runs on the model thread after each step.
         Its passes verify the drafts offered meanwhile (offer), counted in tally as they go, and
-        where none are offered, with lookup, tokens looked up in the session's own (looked_up). A
+        where none are offered, with lookup, tokens looked up in the session's own (looked_up), or
+        else its draft head's drafts (headed). A
         repeat of the last applied handle gets its tokens in the result, with no emit."""
         session_id = handle.session_id
 
         def apply(state: TargetSessionState) -> Job[tuple[int, list[DecodedToken]]]:
             tokens = yield from self.engine.decode(state, max_tokens, emit, stopped,
                                                    lambda: self._offers.get(session_id), tally,
-                                                   lookup, looked_up)
+                                                   lookup, looked_up, headed)
             return state.committed_length, tokens
 
         self._offers.setdefault(session_id, None)

@@ -49,17 +49,18 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         """Streams each token as its pass ends, with what the call's passes did with offered and
         looked-up drafts so far; the last message carries the call's timing."""
         loop = asyncio.get_running_loop()
-        steps: asyncio.Queue[tuple[DecodedToken, DraftTally, DraftTally]] = asyncio.Queue()
+        steps: asyncio.Queue[tuple[DecodedToken, DraftTally, DraftTally, DraftTally]] = asyncio.Queue()
         stop = threading.Event()
-        tally, looked_up = DraftTally(), DraftTally()
-        lookup = (DecodeLookup(request.lookup_max_tokens, request.lookup_min_chance)
-                  if request.lookup_max_tokens else None)
+        tally, looked_up, headed = DraftTally(), DraftTally(), DraftTally()
+        lookup = (DecodeLookup(request.lookup_max_tokens, request.lookup_min_chance, request.head_max_tokens)
+                  if request.lookup_max_tokens or request.head_max_tokens else None)
         start = convert.handle_from_proto(request.handle)
         decoding = asyncio.ensure_future(self.service.decode(
             start, request.max_tokens,
             # on the model thread, right after the token's pass: the tallies as that pass left them
-            lambda token: loop.call_soon_threadsafe(steps.put_nowait, (token, replace(tally), replace(looked_up))),
-            stop.is_set, tally, lookup, looked_up))
+            lambda token: loop.call_soon_threadsafe(
+                steps.put_nowait, (token, replace(tally), replace(looked_up), replace(headed))),
+            stop.is_set, tally, lookup, looked_up, headed))
         sent = 0
         try:
             while True:
@@ -69,14 +70,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     step.cancel()
                     break
                 sent += 1
-                token, offered_so_far, looked_up_so_far = step.result()
+                token, offered_so_far, looked_up_so_far, headed_so_far = step.result()
                 yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(
                     replace(start, committed_length=start.committed_length + sent)), **_decoded([token]),
-                    **_offered(offered_so_far), **_looked_up(looked_up_so_far))
+                    **_offered(offered_so_far), **_looked_up(looked_up_so_far), **_headed(headed_so_far))
             handle, tokens, timing = await decoding
             yield target_pb2.DecodeResponse(handle=convert.handle_to_proto(handle), **_decoded(tokens[sent:]),
                                             last=True, **convert.timing_fields(timing), **_offered(tally),
-                                            **_looked_up(looked_up))
+                                            **_looked_up(looked_up), **_headed(headed))
         finally:
             stop.set()  # the caller went away: the job stops before its next step
 
@@ -107,6 +108,10 @@ def _offered(tally: DraftTally) -> dict[str, int]:
 
 def _looked_up(tally: DraftTally) -> dict[str, int]:
     return {"lookup_passes": tally.passes, "lookup_drafts": tally.drafts, "lookup_accepted": tally.accepted}
+
+
+def _headed(tally: DraftTally) -> dict[str, int]:
+    return {"head_passes": tally.passes, "head_drafts": tally.drafts, "head_accepted": tally.accepted}
 
 
 def _decoded(tokens: list[DecodedToken]) -> dict[str, list]:

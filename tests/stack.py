@@ -51,9 +51,9 @@ class Stack:
 
 
 async def start_target(
-    model_dir: Path, replica_id: str = "target-0", interceptors: tuple = (), **service
+    model_dir: Path, replica_id: str = "target-0", interceptors: tuple = (), draft_head: str = "auto", **service
 ) -> tuple[RunningServer, Any]:
-    loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64"))
+    loaded = load_model(ModelConfig(str(model_dir), "target", dtype="float64", draft_head=draft_head))
     return await target_service.server.start(
         loaded, ServiceConfig(replica_id=replica_id, **service),
         ServerConfig(port=0, interceptors=interceptors),

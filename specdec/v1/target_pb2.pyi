@@ -68,19 +68,21 @@ class VerifyResponse(_message.Message):
     def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., acceptance_signal: _Optional[_Iterable[float]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("handle", "max_tokens", "lookup_max_tokens", "lookup_min_chance")
+    __slots__ = ("handle", "max_tokens", "lookup_max_tokens", "lookup_min_chance", "head_max_tokens")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_MIN_CHANCE_FIELD_NUMBER: _ClassVar[int]
+    HEAD_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     max_tokens: int
     lookup_max_tokens: int
     lookup_min_chance: float
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., max_tokens: _Optional[int] = ..., lookup_max_tokens: _Optional[int] = ..., lookup_min_chance: _Optional[float] = ...) -> None: ...
+    head_max_tokens: int
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., max_tokens: _Optional[int] = ..., lookup_max_tokens: _Optional[int] = ..., lookup_min_chance: _Optional[float] = ..., head_max_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last", "token_probabilities", "offered_passes", "offered_drafts", "offered_accepted", "offered_branch_passes", "lookup_passes", "lookup_drafts", "lookup_accepted")
+    __slots__ = ("handle", "token_ids", "compute_seconds", "queue_seconds", "pass_rows", "pass_sessions", "last", "token_probabilities", "offered_passes", "offered_drafts", "offered_accepted", "offered_branch_passes", "lookup_passes", "lookup_drafts", "lookup_accepted", "head_passes", "head_drafts", "head_accepted")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +98,9 @@ class DecodeResponse(_message.Message):
     LOOKUP_PASSES_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    HEAD_PASSES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     handle: _common_pb2.SessionHandle
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     compute_seconds: float
@@ -111,7 +116,10 @@ class DecodeResponse(_message.Message):
     lookup_passes: int
     lookup_drafts: int
     lookup_accepted: int
-    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ..., token_probabilities: _Optional[_Iterable[float]] = ..., offered_passes: _Optional[int] = ..., offered_drafts: _Optional[int] = ..., offered_accepted: _Optional[int] = ..., offered_branch_passes: _Optional[int] = ..., lookup_passes: _Optional[int] = ..., lookup_drafts: _Optional[int] = ..., lookup_accepted: _Optional[int] = ...) -> None: ...
+    head_passes: int
+    head_drafts: int
+    head_accepted: int
+    def __init__(self, handle: _Optional[_Union[_common_pb2.SessionHandle, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., pass_rows: _Optional[float] = ..., pass_sessions: _Optional[float] = ..., last: _Optional[bool] = ..., token_probabilities: _Optional[_Iterable[float]] = ..., offered_passes: _Optional[int] = ..., offered_drafts: _Optional[int] = ..., offered_accepted: _Optional[int] = ..., offered_branch_passes: _Optional[int] = ..., lookup_passes: _Optional[int] = ..., lookup_drafts: _Optional[int] = ..., lookup_accepted: _Optional[int] = ..., head_passes: _Optional[int] = ..., head_drafts: _Optional[int] = ..., head_accepted: _Optional[int] = ...) -> None: ...
 
 class OfferRequest(_message.Message):
     __slots__ = ("session_id", "start", "draft_token_ids", "draft_distributions", "max_verified", "branches")
