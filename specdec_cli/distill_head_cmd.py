@@ -17,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "answers, train a draft head on them (the drafts a target service verifies in its own "
         "Decode passes: `specdec serve target --draft-head DIR`), report how often its first draft "
         "is the target's next token on held-out answers, and write a head directory. The defaults "
-        "made the default target's head (about 25 minutes on 2 CPU cores).")
+        "made the default target's head (about 40 minutes on 2 CPU cores).")
     parser.add_argument("--target", required=True,
                         help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")
     parser.add_argument("--out", required=True, type=Path, help="output head directory")
