@@ -33,6 +33,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specdec.errors import InvalidInput
+
 HEAD_CONFIG_NAME = "specdec_head.json"
 HEAD_WEIGHTS_NAME = "head.safetensors"
 HEAD_FORMAT = "specdec-draft-head"
@@ -41,8 +43,9 @@ HEAD_FORMAT_VERSION = 1
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "assets" / "heads" / "smollm2-135m-instruct"
 
 
-class HeadFormatError(ValueError):
-    """A head directory is malformed or does not fit the target it is loaded for."""
+class HeadFormatError(InvalidInput):
+    """A head directory is malformed or does not fit the target it is loaded for (`specdec serve`
+    says so in one line)."""
 
 
 @dataclass(frozen=True)

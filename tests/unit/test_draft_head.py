@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -170,3 +171,20 @@ def test_the_worker_runs_the_head_feeds_of_a_pass_in_one_call(monkeypatch):
     results = asyncio.run(scenario())
     assert [timed.value for timed in results] == alone
     assert calls == [3]  # one call for the three sessions
+
+
+def test_serve_refuses_a_head_that_is_not_one_or_is_for_another_target_in_one_line(tiny_target, tmp_path):
+    """`specdec serve target --draft-head`: a directory without a head is refused before the model
+    loads, a head made for another target once the model has loaded; each in one line, exit 2."""
+    from tests.process_groups import run_specdec
+
+    path, model = tiny_target
+    other = new_head(model, [5, 6], inner_size=8)
+    other.config = dataclasses.replace(other.config, hidden_size=32)  # as if made for a narrower target
+    save_head(other, tmp_path / "other")
+    for head, expected in ((tmp_path, f"specdec: --draft-head {tmp_path}: not a draft head directory"),
+                           (tmp_path / "other", "specdec: the head is for a target of")):
+        with run_specdec("serve", "target", "--model", str(path), "--port", "0", "--draft-head", str(head)) as service:
+            assert service.wait(120) == 2, service.output()
+        assert service.output().strip().splitlines()[-1].startswith(expected), service.output()[-1000:]
+        assert "Traceback" not in service.output()
