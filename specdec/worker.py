@@ -9,7 +9,9 @@ job that has a Feed ready, up to a per-pass token and session budget, and runs t
 forward pass over ragged rows; then each job goes on from its own logits. There is no collection
 window: at low load a pass holds one session, as it would alone. Short feeds (Verify, draft steps)
 go first; a long prompt is fed in chunks with what the budget leaves, so it never stalls the
-others' rounds. A job that fails fails alone; a pass that fails fails the jobs in it.
+others' rounds. A job may also yield a HeadFeed (a target's draft head's drafts,
+specdec.draft_head): those of every job waiting at that point run as one batched call, under the
+pass lock, before the next pass. A job that fails fails alone; a pass that fails fails the jobs in it.
 
 One thread per process runs all of its torch work, the model's loading included (model_thread).
 torch's CPU ops run on an OpenMP team per calling thread, and libgomp lets a team's idle threads
@@ -411,7 +413,9 @@ class ModelWorker:
             entry.feed = None
             entry.future.set_exception(error)
             return
-        if getattr(feed, "token_ids", None) == []:  # a Feed without tokens (a HeadFeed has none)
+        from specdec.ragged import HeadFeed
+
+        if not isinstance(feed, HeadFeed) and not feed.token_ids:
             self._fail(entry, ValueError("a job fed no tokens"))
             return
         entry.feed, entry.fed = feed, 0
