@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.errors import InvalidInput
+from specdec.kv_cache import text_config
 
 HEAD_CONFIG_NAME = "specdec_head.json"
 HEAD_WEIGHTS_NAME = "head.safetensors"
@@ -121,7 +122,7 @@ def new_head(model: nn.Module, token_ids: list[int], inner_size: int) -> DraftHe
     """An untrained head for `model` (its `down` projection zero: it starts as the identity on the
     hidden state), in float32 on the model's device."""
     embedding, output = target_rows(model)
-    text = getattr(model.config, "get_text_config", lambda: model.config)()
+    text = text_config(model)
     config = HeadConfig(hidden_size=embedding.shape[1], inner_size=inner_size, vocab_size=embedding.shape[0],
                         token_ids=tuple(sorted(set(token_ids))),
                         rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-5)))
