@@ -471,6 +471,7 @@ def run_record(result: common.GenerateResult, **fields) -> dict:
         "decoded_tokens": stats.decoded_tokens,
         "shadow_probes": stats.shadow_probes,
         "offers": stats.offers,
+        "offers_dropped": stats.offers_dropped,
         "offered_passes": stats.offered_passes,
         "offered_drafts": stats.offered_drafts,
         "offered_accepted": stats.offered_accepted,

@@ -407,13 +407,19 @@ class Generation:
         the stretch reaches its start, so the draft session sees C only grow. Ends when the draft
         is gone or the offers clearly slow a stretch's Decode (it goes on alone; a streamed
         request's offers are judged by its test, _switch_if_losing), or when cancelled."""
-        async def offer(drafted: DraftOffer) -> None:
+        async def offer(drafted: DraftOffer, sent_at: int) -> None:
             held, length = await self.replicas.offer(drafted)
             if held and not drafted.branches:  # the same drafts' own offer measured it
-                streamed.observe_lag(length - drafted.start)
+                streamed.observe_hop(length - sent_at)
 
         def send(drafted: DraftOffer) -> None:  # not waited for: the draft drafts on meanwhile
-            task = asyncio.create_task(offer(drafted))
+            if not drafted.branches:  # the same drafts' own offer measured it
+                streamed.observe_drafting(len(self.committed) - drafted.start)
+            if not self._still_ahead(drafted):
+                self.stats.offers_dropped += 1
+                return
+            self.stats.offers += 1
+            task = asyncio.create_task(offer(drafted, len(self.committed)))
             sent.add(task)
             task.add_done_callback(sent.discard)
 
@@ -454,7 +460,6 @@ class Generation:
                     return
                 drafted = DraftOffer(len(start), reply.value, streamed.num_speculative_tokens)
                 send(drafted)
-                self.stats.offers += 1
                 if call is not None:  # the same drafts again with their branches, as soon as they come
                     try:
                         ahead = await self.replicas.branches(call)
@@ -465,6 +470,14 @@ class Generation:
         finally:
             for task in list(sent):
                 task.cancel()
+
+    def _still_ahead(self, drafted: DraftOffer) -> bool:
+        """Whether an offer can still be of use when it reaches the target: C as the orchestrator
+        has it (which the target's only extends) has not left its drafts (nor those of all its
+        branches) and has not passed them. An offer drafted from C some tokens back mostly guessed
+        one of those tokens wrong by the time the draft answers; the target need not be told."""
+        known = self.committed[drafted.start:]
+        return bool(drafted.drafts_after(known, drafted.start, len(self.committed))[0].token_ids)
 
     def _plain_rounds(self) -> int:
         """K = 0 rounds the policy commits to from here (PlainStretches: fixed K = 0, and the

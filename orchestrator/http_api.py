@@ -291,6 +291,7 @@ def specdec_extension(stats: GenerationStats, finish_reason: str) -> dict[str, A
         "pipeline_hits": stats.pipeline_hits,
         "pipeline_misses": stats.pipeline_misses,
         "offers": stats.offers,
+        "offers_dropped": stats.offers_dropped,
         "offered_passes": stats.offered_passes,
         "offered_drafts": stats.offered_drafts,
         "offered_accepted": stats.offered_accepted,

@@ -221,7 +221,10 @@ class StreamedDrafts:
     """Streamed speculation: no rounds; the target verifies at most num_speculative_tokens of the
     draft's offered tokens in each pass. An offer drafts that many beyond where the target is
     expected to be when it arrives: `lookahead` tokens past the C it was drafted from, the
-    smoothed number the target committed between an offer's drafting and its arrival. Where
+    smoothed number the target committed between an offer's drafting and its arrival, in two
+    parts: those the orchestrator heard of while the draft drafted (drafting_lag, learnt from
+    every offer, sent or not) and those the target had committed beyond the orchestrator's C
+    when a sent offer reached it (hop_lag: the offer's hop and the tokens' own). Where
     that is a token or more, the offer also carries branches: at each of those positions, the
     draft's next `fanout` candidates with the drafts that follow each (the target may well have
     committed one of them where the draft guessed wrong)."""
@@ -229,8 +232,9 @@ class StreamedDrafts:
     num_speculative_tokens: int
     paces: StreamPaces = field(default_factory=StreamPaces)  # the orchestrator's, shared
     fanout: int = 0
-    lookahead: float = 1.0
-    weight: float = 0.3  # of each new observation in the smoothed lookahead
+    drafting_lag: float = 1.0
+    hop_lag: float = 0.0
+    weight: float = 0.3  # of each new observation in the smoothed lags
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:
@@ -250,9 +254,19 @@ class StreamedDrafts:
             return 0
         return max(0, min(drafts_per_offer - 1, math.ceil(self.lookahead - 0.5)))
 
-    def observe_lag(self, committed_meanwhile: int) -> None:
-        """An offer drafted from a C of length n arrived at the target when it had n + committed_meanwhile."""
-        self.lookahead += self.weight * (max(0, committed_meanwhile) - self.lookahead)
+    @property
+    def lookahead(self) -> float:
+        return self.drafting_lag + self.hop_lag
+
+    def observe_drafting(self, grown: int) -> None:
+        """C, as the orchestrator has it, grew by `grown` tokens between an offer's drafting and
+        the draft's answer."""
+        self.drafting_lag += self.weight * (max(0, grown) - self.drafting_lag)
+
+    def observe_hop(self, ahead: int) -> None:
+        """A sent offer reached the target when it had `ahead` tokens more than the orchestrator's
+        C when the offer was sent."""
+        self.hop_lag += self.weight * (max(0, ahead) - self.hop_lag)
 
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
         return NO_AHEAD  # no rounds to draft ahead of

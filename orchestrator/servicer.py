@@ -139,6 +139,7 @@ def stats_to_proto(stats: GenerationStats) -> pb.GenerationStats:
         pipelined_rounds=stats.pipelined_rounds,
         pipeline_hits=stats.pipeline_hits,
         offers=stats.offers,
+        offers_dropped=stats.offers_dropped,
         offered_passes=stats.offered_passes,
         offered_drafts=stats.offered_drafts,
         offered_accepted=stats.offered_accepted,

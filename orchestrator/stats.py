@@ -54,6 +54,7 @@ class GenerationStats:
     # offered drafts, the drafts they verified and those accepted; of those passes, the ones that
     # verified a branch's drafts.
     offers: int = 0
+    offers_dropped: int = 0  # drafted, not sent: C had already left or passed their drafts
     offered_passes: int = 0
     offered_drafts: int = 0
     offered_accepted: int = 0

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from specdec.chain_acceptance import OfferOrHead
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.kv_cache import SequenceCache
 from specdec.lookup import NgramProposer
@@ -45,6 +46,8 @@ from specdec.sampling import (
 
 
 _NO_DRAFTS = Proposal(token_ids=())
+# Where a Decode pass's drafts came from.
+_OFFERED, _LOOKED_UP, _HEADED = "offered", "looked up", "head"
 
 
 @dataclass
@@ -66,6 +69,9 @@ class TargetSessionState:
     # With a draft head: the last hidden state at the row that chose C[-1] (what the head drafts
     # from), None where no pass of this replica chose it (after a prompt or a rebuild).
     head_hidden: torch.Tensor | None = None
+    # How often its offered drafts and its head's were accepted: a pass that has both verifies the
+    # chain worth more (specdec.chain_acceptance).
+    sources: OfferOrHead = field(default_factory=OfferOrHead.new)
 
     @property
     def committed_length(self) -> int:
@@ -167,7 +173,9 @@ class TargetEngine:
         lookup: a step with no offered drafts verifies, in the same way, tokens looked up in C
         itself (_looked_up); looked_up counts them. Where the lookup finds none either and the
         replica has a draft head, up to lookup.head_max_tokens of the head's drafts (_headed);
-        headed counts them."""
+        headed counts them. A step with offered drafts and the head's both verifies the chain
+        worth more by how often each source's drafts were accepted in the session so far
+        (state.sources)."""
         if not 1 <= max_tokens <= MAX_DECODE_STEPS:
             raise InvalidInput(f"max_tokens must be in [1, {MAX_DECODE_STEPS}], got {max_tokens}")
         if state.committed_length >= self.loaded.max_context:
@@ -178,32 +186,36 @@ class TargetEngine:
         known = [state.last_token_id]
         while len(tokens) < max_tokens and state.committed_length < self.loaded.max_context and not stopped():
             room = min(max_tokens - len(tokens), self.loaded.max_context - state.committed_length) - 1
-            proposal, from_branch = _NO_DRAFTS, False
+            proposal, from_branch, source = _NO_DRAFTS, False, None
             offer = offered() if room > 0 else None
             if offer is not None:
                 proposal, from_branch = offer.drafts_after(known, committed_from, state.committed_length)
                 proposal = proposal.first(room)
-            from_lookup = not proposal.token_ids and lookup is not None and room > 0
-            if from_lookup:
-                assert lookup is not None
+                source = _OFFERED if proposal.token_ids else None
+            if source is None and lookup is not None and room > 0:
                 proposal = self._looked_up(state, min(room, lookup.max_tokens), lookup.min_chance)
-            from_head = (not proposal.token_ids and lookup is not None and lookup.head_max_tokens > 0 and room > 0
-                         and self.head is not None and state.head_hidden is not None)
-            if from_head:
+                source = _LOOKED_UP if proposal.token_ids else None
+            if (source in (None, _OFFERED) and lookup is not None and lookup.head_max_tokens > 0 and room > 0
+                    and self.head is not None and state.head_hidden is not None):
                 assert lookup is not None
-                proposal = yield from self._headed(state, min(room, lookup.head_max_tokens), lookup.min_chance)
-                from_lookup = False
+                headed_drafts = yield from self._headed(state, min(room, lookup.head_max_tokens), lookup.min_chance)
+                if headed_drafts.token_ids and (source is None or state.sources.prefers_head(
+                        len(proposal.token_ids), len(headed_drafts.token_ids))):
+                    proposal, from_branch, source = headed_drafts, False, _HEADED
             outcome, target_probs = yield from self._verify(state, proposal)
             round_ids = [*proposal.token_ids[:outcome.num_accepted], outcome.next_token_id]
-            counted = looked_up if from_lookup else headed if from_head else tally
-            if proposal.token_ids and counted is not None:
+            counted = {_OFFERED: tally, _LOOKED_UP: looked_up, _HEADED: headed}.get(source)
+            if counted is not None:
                 counted.passes += 1
                 counted.drafts += len(proposal.token_ids)
                 counted.accepted += outcome.num_accepted
                 counted.branch_passes += from_branch
-            if from_lookup and proposal.token_ids:
+            if source == _LOOKED_UP:
                 assert state.lookup is not None
                 state.lookup.acceptance.update(proposal.match_lengths, outcome.num_accepted)
+            elif source is not None:
+                chain = state.sources.offered if source == _OFFERED else state.sources.head
+                chain.observe(len(proposal.token_ids), outcome.num_accepted)
             probability = None
             if target_probs is not None and not proposal.token_ids:  # a round without drafts draws its token from p
                 probability = float(target_probs[0, round_ids[0]] / target_probs[0].sum())

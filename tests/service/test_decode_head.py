@@ -1,7 +1,8 @@
 """A Decode's passes verify its draft head's drafts where nothing else proposes (TargetEngine.decode
 with a head, float64 tiny target, run alone): greedy tokens are the same as plain decoding's and
-take fewer passes, lookups and offers come first, the price of a row bounds what is verified, and
-sampled head drafts (one-hot q~) leave the target's law."""
+take fewer passes, lookups come first, a pass with offered drafts too verifies the chain its
+session's record says is worth more, the price of a row bounds what is verified, and sampled head
+drafts (one-hot q~) leave the target's law."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from specdec.distill.data import Example
 from specdec.distill.head import HeadDistillConfig, answer_positions, train_head
 from specdec.draft_head import new_head, save_head
 from specdec.models import ModelConfig, load_model
-from specdec.protocol import DecodeLookup, DraftTally, SamplingParams
+from specdec.chain_acceptance import OFFER_TRIALS
+from specdec.protocol import DecodeLookup, DraftOffer, DraftTally, Proposal, SamplingParams
 from specdec.ragged import run_alone
 from target_service.engine import TargetEngine
 from tests import stack as stack_module
@@ -105,6 +107,40 @@ def test_lookups_come_before_the_head(headed_target):
     assert looked_up.passes > 0
     alone, _, only_head, _ = _decode(headed_target, DecodeLookup(0, head_max_tokens=4), prompt=repeating)
     assert alone == plain and only_head.passes > headed.passes
+
+
+def _decode_offered(target, right: bool, steps: int = STEPS):
+    """Prefill + one Decode with the head allowed and, before every pass, an offer of 2 drafts
+    after C: the target's own next tokens (right) or other tokens -> (tokens, the offers' tally,
+    the head's tally, plain decoding's tokens)."""
+    plain, _, _, _ = _decode(target, None, steps=steps + 3)
+    engine = TargetEngine(target, 4, head=target.head)
+    state, first = run_alone(target.model, engine.prefill(PROMPT, GREEDY, resume=False))
+
+    def offered() -> DraftOffer:
+        at = state.committed_length  # the position of C's next token: plain[at - len(PROMPT)]
+        drafts = plain[at - len(PROMPT):at - len(PROMPT) + 2]
+        if not right:
+            drafts = [(token + 1) % target.vocab_size for token in drafts]
+        return DraftOffer(at, Proposal(tuple(drafts)), max_verified=2)
+
+    tally, headed = DraftTally(), DraftTally()
+    tokens = run_alone(target.model, engine.decode(state, steps, offered=offered, tally=tally,
+                                                   lookup=DecodeLookup(0, head_max_tokens=4), headed=headed))
+    return [first, *(token.token_id for token in tokens)], tally, headed, plain[:steps + 1]
+
+
+def test_a_pass_with_offers_and_head_drafts_verifies_the_chain_worth_more(headed_target):
+    """Offers every pass: wrong ones are verified in their first trials only, the head's drafts
+    then; right ones win over the head's. Greedy tokens are the target's either way."""
+    tokens, offered, headed, plain = _decode_offered(headed_target, right=False)
+    assert tokens == plain
+    assert offered.accepted == 0 and offered.passes == OFFER_TRIALS, offered
+    assert headed.passes > OFFER_TRIALS and headed.accepted > 0, headed
+    tokens, offered, headed, plain = _decode_offered(headed_target, right=True)
+    assert tokens == plain
+    assert offered.accepted == offered.drafts == 2 * offered.passes, offered
+    assert offered.passes > 3 * headed.passes, (offered, headed)
 
 
 def test_a_target_without_a_head_ignores_the_request(tiny_pair):

@@ -167,8 +167,9 @@ def test_streamed_greedy_output_is_the_targets(greedy_stack, reference_target, n
 def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stack, reference_target):
     """Offers from a draft whose answers lag: the target takes a branch's drafts where it committed
     one of the draft's other candidates (pipeline_fanout 3, the default); with fan-out 0 it takes
-    none. Greedy output is the target's either way."""
-    branch_passes = {}
+    none. Offers whose drafts C had already left when the draft answered are not sent. Greedy
+    output is the target's either way."""
+    branch_passes, dropped = {}, 0
     for fanout in (3, 0):
         branch_passes[fanout] = 0
         for prompt in _prompts(8):
@@ -182,7 +183,9 @@ def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stac
             assert tokens == output[0, len(prompt):].tolist(), (fanout, prompt)
             assert last.stats.offered_branch_passes <= last.stats.offered_passes
             branch_passes[fanout] += last.stats.offered_branch_passes
+            dropped += last.stats.offers_dropped
     assert branch_passes[3] > 0 and branch_passes[0] == 0, branch_passes
+    assert dropped > 0
     registry = distant_draft_stack.orchestrator.telemetry.registry
     model = distant_draft_stack.orchestrator.telemetry.model_name
     assert registry.get_sample_value("specdec:offered_branch_passes_total", {"model_name": model}) >= branch_passes[3]

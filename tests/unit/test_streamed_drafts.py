@@ -1,5 +1,6 @@
 """StreamedDrafts: an offer drafts K beyond where the target is expected to be when it arrives,
-learnt from how far the target had moved when earlier offers arrived."""
+learnt from how far C had moved when the draft answered earlier offers and how far the target
+was ahead of the orchestrator when the sent ones arrived."""
 
 from __future__ import annotations
 
@@ -12,32 +13,45 @@ def test_an_offer_drafts_k_past_the_expected_lookahead():
     streamed = StreamedDrafts(num_speculative_tokens=2)
     assert streamed.drafts_per_offer(16) == 3  # before any offer arrived: one token ahead
     for _ in range(20):
-        streamed.observe_lag(3)  # the target had committed 3 more tokens when each arrived
+        streamed.observe_drafting(2)  # C grew by 2 while the draft drafted,
+        streamed.observe_hop(1)  # and the target was 1 further when each arrived
     assert streamed.lookahead == pytest.approx(3.0, abs=0.01)
     assert streamed.drafts_per_offer(16) == 5
     assert streamed.drafts_per_offer(4) == 4  # never past the servers' limit
 
 
 def test_the_lookahead_follows_a_network_that_speeds_up():
-    streamed = StreamedDrafts(num_speculative_tokens=1, lookahead=4.0)
+    streamed = StreamedDrafts(num_speculative_tokens=1, drafting_lag=3.0, hop_lag=1.0)
     for _ in range(20):
-        streamed.observe_lag(0)  # arrived before the target moved
+        streamed.observe_drafting(0)  # answered and arrived before the target moved
+        streamed.observe_hop(0)
     assert streamed.drafts_per_offer(16) == 1
-    streamed.observe_lag(-2)  # a stale length never makes the lookahead negative
+    streamed.observe_drafting(-2)  # a stale length never makes the lookahead negative
+    streamed.observe_hop(-2)
     assert streamed.lookahead >= 0
 
 
+def test_offers_not_sent_still_teach_the_drafting_lag():
+    """Offers C has left by the time the draft answers are not sent (nothing arrives to measure
+    the hop), yet how far C moved while they were drafted is learnt from each."""
+    streamed = StreamedDrafts(num_speculative_tokens=2, hop_lag=1.0)
+    for _ in range(20):
+        streamed.observe_drafting(3)
+    assert streamed.lookahead == pytest.approx(4.0, abs=0.01)
+    assert streamed.drafts_per_offer(16) == 6
+
+
 def test_offers_branch_at_the_positions_the_target_passes_before_they_arrive():
-    streamed = StreamedDrafts(num_speculative_tokens=2, fanout=3, lookahead=0.3)
+    streamed = StreamedDrafts(num_speculative_tokens=2, fanout=3, drafting_lag=0.3)
     assert streamed.branch_outcomes(streamed.drafts_per_offer(16)) == 0  # offers mostly arrive in time
     for lag, outcomes in ((1, 1), (2, 2), (4, 4)):
         for _ in range(30):
-            streamed.observe_lag(lag)
+            streamed.observe_drafting(lag)
         drafts = streamed.drafts_per_offer(16)
         assert streamed.branch_outcomes(drafts) == outcomes
         assert outcomes < drafts  # each branch has the drafts after its position
-    assert StreamedDrafts(2, fanout=0, lookahead=3.0).branch_outcomes(5) == 0  # fan-out 0: no branches
-    assert StreamedDrafts(2, fanout=3, lookahead=6.0).branch_outcomes(3) == 2  # never past the drafts
+    assert StreamedDrafts(2, fanout=0, drafting_lag=3.0).branch_outcomes(5) == 0  # fan-out 0: no branches
+    assert StreamedDrafts(2, fanout=3, drafting_lag=6.0).branch_outcomes(3) == 2  # never past the drafts
 
 
 def test_streaming_verifies_at_least_one_draft_a_pass():
