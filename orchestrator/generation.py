@@ -473,9 +473,10 @@ class Generation:
 
     def _still_ahead(self, drafted: DraftOffer) -> bool:
         """Whether an offer can still be of use when it reaches the target: C as the orchestrator
-        has it (which the target's only extends) has not left its drafts (nor those of all its
-        branches) and has not passed them. An offer drafted from C some tokens back mostly guessed
-        one of those tokens wrong by the time the draft answers; the target need not be told."""
+        has it (which the target's only extends) still follows its drafts, or one of its
+        branches', and has not passed their end. An offer drafted from C some tokens back mostly
+        guessed one of those tokens wrong by the time the draft answers; the target need not be
+        told. A resend with branches counts as an offer of its own."""
         known = self.committed[drafted.start:]
         return bool(drafted.drafts_after(known, drafted.start, len(self.committed))[0].token_ids)
 
