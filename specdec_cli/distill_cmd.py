@@ -9,6 +9,24 @@ from pathlib import Path
 from specdec.distill.config import COMPUTE_DTYPES, DistillConfig
 
 
+def add_target_arguments(parser: argparse.ArgumentParser, made: str) -> None:
+    """--target and --out of a distillation command (`made`: what --out receives)."""
+    parser.add_argument("--target", required=True,
+                        help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")
+    parser.add_argument("--out", required=True, type=Path, help=f"output {made} directory")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, seed: int, device: str) -> None:
+    """Where and how a distillation command runs: its seed, device, torch threads, answers cache
+    and progress bar."""
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--device", default=device)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="cache file of generated answers: reused if present, else written")
+    parser.add_argument("--no-progress", action="store_true")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     defaults = DistillConfig(target="default", out_dir=Path("."))
     parser.description = (
@@ -18,9 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "a small draft on its answers, report held-out greedy agreement and mean "
         "committed tokens per round, and write a specdec draft dir. The defaults "
         "reproduce the committed default draft (80-110 minutes on 2 CPU cores).")
-    parser.add_argument("--target", required=True,
-                        help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")
-    parser.add_argument("--out", required=True, type=Path, help="output draft directory")
+    add_target_arguments(parser, "draft")
     parser.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
     parser.add_argument("--written-prompt-fraction", type=float,
                         default=defaults.written_prompt_fraction,
@@ -51,12 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every_steps,
                         help="validate every N steps and keep the best weights (0: off)")
     parser.add_argument("--validation-answers", type=int, default=defaults.validation_answers)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--device", default=defaults.device)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="cache file of generated answers: reused if present, else written")
-    parser.add_argument("--no-progress", action="store_true")
+    add_run_arguments(parser, defaults.seed, defaults.device)
     parser.set_defaults(func=run)
 
 

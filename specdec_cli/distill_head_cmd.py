@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdec.distill.config import COMPUTE_DTYPES
 from specdec.distill.head import HeadDistillConfig
+from specdec_cli.distill_cmd import add_run_arguments, add_target_arguments
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,9 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Decode passes: `specdec serve target --draft-head DIR`), report how often its first draft "
         "is the target's next token on held-out answers, and write a head directory. The defaults "
         "made the default target's head (about 40 minutes on 2 CPU cores).")
-    parser.add_argument("--target", required=True,
-                        help="'default' (SmolLM2-135M-Instruct) or a Hugging Face model directory")
-    parser.add_argument("--out", required=True, type=Path, help="output head directory")
+    add_target_arguments(parser, "head")
     parser.add_argument("--num-prompts", type=int, default=defaults.num_prompts)
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--dtype", choices=COMPUTE_DTYPES, default=defaults.dtype,
@@ -31,12 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--device", default=defaults.device)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="cache file of generated answers: reused if present, else written")
-    parser.add_argument("--no-progress", action="store_true")
+    add_run_arguments(parser, defaults.seed, defaults.device)
     parser.set_defaults(func=run)
 
 

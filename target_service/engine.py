@@ -197,7 +197,6 @@ class TargetEngine:
                 source = _LOOKED_UP if proposal.token_ids else None
             if (source in (None, _OFFERED) and lookup is not None and lookup.head_max_tokens > 0 and room > 0
                     and self.head is not None and state.head_hidden is not None):
-                assert lookup is not None
                 headed_drafts = yield from self._headed(state, min(room, lookup.head_max_tokens), lookup.min_chance)
                 if headed_drafts.token_ids and (source is None or state.sources.prefers_head(
                         len(proposal.token_ids), len(headed_drafts.token_ids))):
