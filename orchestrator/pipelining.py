@@ -30,7 +30,16 @@ from typing import Literal, Protocol
 PipelineMode = Literal["off", "on", "auto", "stream"]
 PIPELINE_MODES: tuple[PipelineMode, ...] = ("off", "on", "auto", "stream")
 MAX_PIPELINE_FANOUT = 8  # the draft's candidates per position (draft_service/engine.py)
-DEFAULT_PIPELINE_FANOUT = 3
+DEFAULT_PIPELINE_FANOUT = 3  # candidates per outcome under `on`, unless set
+
+
+def default_pipeline_fanout(mode: PipelineMode) -> int:
+    """The fan-out of a request that sets none, on a server that sets none: `on` drafts ahead
+    DEFAULT_PIPELINE_FANOUT candidates per outcome every round; `auto` may go up to all the
+    draft's candidates, since its cost model charges the branches' compute and picks the fan-out
+    (the smallest within a hair of the best), and a draft that agrees often needs more than a few
+    guesses per outcome to hit nearly every round."""
+    return MAX_PIPELINE_FANOUT if mode == "auto" else DEFAULT_PIPELINE_FANOUT
 
 
 @dataclass(frozen=True)

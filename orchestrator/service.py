@@ -37,7 +37,7 @@ from orchestrator.local_draft import (
 from specdec.lookup_acceptance import LookupPriors
 from orchestrator.pipeline_policy import PipelinePriors
 from orchestrator.pipelining import (
-    DEFAULT_PIPELINE_FANOUT,
+    default_pipeline_fanout,
     MAX_PIPELINE_FANOUT,
     PIPELINE_MODES,
     FixedPipeline,
@@ -83,9 +83,10 @@ class OrchestratorConfig:
     lookup: LookupConfig = field(default_factory=LookupConfig)  # the model-free drafts
     # Drafting ahead while the target verifies, for requests that leave it unset: off, on, auto.
     pipeline: PipelineMode = "off"
-    # Candidates per outcome (on); the maximum (auto); 0 drafts nothing ahead. Streamed offers'
-    # branches take only a request's own pipeline_fanout.
-    pipeline_fanout: int = DEFAULT_PIPELINE_FANOUT
+    # Candidates per outcome (on); the maximum (auto); 0 drafts nothing ahead; None: the mode's
+    # default (default_pipeline_fanout: 3 under on, 8 under auto). Streamed offers' branches take
+    # only a request's own pipeline_fanout.
+    pipeline_fanout: int | None = None
 
     def __post_init__(self) -> None:
         draft_method_of(self.draft, self.draft_method)  # raises ValueError on a bad pair
@@ -99,7 +100,7 @@ class OrchestratorConfig:
             raise ValueError("default_max_new_tokens must be >= 1")
         if self.pipeline not in PIPELINE_MODES:
             raise ValueError(f"pipeline must be one of {PIPELINE_MODES}, got {self.pipeline!r}")
-        if not 0 <= self.pipeline_fanout <= MAX_PIPELINE_FANOUT:
+        if self.pipeline_fanout is not None and not 0 <= self.pipeline_fanout <= MAX_PIPELINE_FANOUT:
             raise ValueError(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}]")
 
 
@@ -333,14 +334,21 @@ class OrchestratorService:
         return ((speculation.pipeline or self.config.pipeline) == "auto"
                 and self.hold_auto_pipelining_on_shared_compute and shared)
 
+    def pipeline_fanout(self, speculation: Speculation) -> int:
+        """A request's fan-out (candidates per outcome under on, the most under auto): its own,
+        else the server's --pipeline-fanout, else the mode's default (default_pipeline_fanout)."""
+        fanout = next((f for f in (speculation.pipeline_fanout, self.config.pipeline_fanout) if f is not None),
+                      default_pipeline_fanout(speculation.pipeline or self.config.pipeline))
+        if not 0 <= fanout <= MAX_PIPELINE_FANOUT:
+            raise OutOfRange(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}], got {fanout}")
+        return fanout
+
     def pipeline(self, speculation: Speculation, policy: KPolicy, greedy: bool = True,
                  held: bool = False) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py); held:
         pipelining auto holds off for it (holds_auto_pipelining)."""
         mode = speculation.pipeline or self.config.pipeline
-        fanout = self.config.pipeline_fanout if speculation.pipeline_fanout is None else speculation.pipeline_fanout
-        if not 0 <= fanout <= MAX_PIPELINE_FANOUT:
-            raise OutOfRange(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}], got {fanout}")
+        fanout = self.pipeline_fanout(speculation)
         if held:
             return NoPipeline()
         if mode == "off" or self.draft_method != "model":

@@ -226,9 +226,10 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
                              "verifies up to K of the draft's offered drafts in each pass)")
     parser.add_argument("--pipeline-fanout", type=int,
                         default=default_of(OrchestratorConfig, "pipeline_fanout"),
-                        help="the draft's candidates per outcome to draft ahead for (on); the maximum (auto); "
-                             "0 drafts nothing ahead (streamed offers' branches take only a request's "
-                             "own pipeline_fanout)")
+                        help="the draft's candidates per outcome to draft ahead for (on; default 3); the "
+                             "maximum (auto, which picks the fan-out by its cost model; default 8, all the "
+                             "draft's candidates); 0 drafts nothing ahead (streamed offers' branches take "
+                             "only a request's own pipeline_fanout)")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
