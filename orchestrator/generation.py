@@ -607,7 +607,7 @@ class Generation:
         planned = min(plain_rounds, MAX_DECODE_STEPS)
         lookup = self._decode_lookup()
         return self._counted(self.replicas.decode(self.committed, steps, lookup), planned=planned,
-                             priced=lookup is not None)
+                             priced=lookup is not None, streamed=streamed)
 
     def _decode_lookup(self) -> DecodeLookup | None:
         """Lookups in the Decode's own passes, for a speculating request whose draft method looks
@@ -652,13 +652,14 @@ class Generation:
         return guarded_decode_steps(self.guard.seconds_until_change(), pace)
 
     async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int,
-                       priced: bool = False) -> AsyncIterator[tuple[int, ...]]:
+                       priced: bool = False, streamed: bool = False) -> AsyncIterator[tuple[int, ...]]:
         """The Decode's tokens, each a K = 0 round in the stats (under sampling their p(y) kept
         for a probe beside the stretch); after it, told to the policy when the policy chose these
         rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
-        (a stretch cut short by the request's end or the guard is no stretch's pace); otherwise,
-        where the call's passes looked up tokens (priced), their time and load only, which
-        price those rows in the next call."""
+        (a stretch cut short by the request's end or the guard is no stretch's pace); a streamed
+        call's pace (streamed, MIN_PACE_TOKENS tokens or more), which prices K = 0 as a
+        stretch's does; otherwise, where the call's passes looked up tokens (priced), their time
+        and load only, which price those rows in the next call."""
         started, decoded, timing, offered, looked_up, headed = time.perf_counter(), 0, None, None, None, None
         re_prefills = self.stats.re_prefills  # a session rebuilt mid-stream: the timing covers its last call only
         self._decoded_probabilities.clear()
@@ -706,6 +707,8 @@ class Generation:
                 if planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
                     self.policy.observe_plain(decoded, pace, passes)
+                elif streamed and decoded >= MIN_PACE_TOKENS and isinstance(self.policy, PlainStretches):
+                    self.policy.observe_stream_pace(self._decode_token_seconds, passes)
                 elif passes is not None and priced and isinstance(self.policy, LookupChooser):
                     self.policy.observe_decoded_passes(passes)  # what prices the lookups' rows
 

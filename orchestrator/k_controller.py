@@ -543,6 +543,25 @@ class AdaptiveKController:
         if passes is not None:
             self._observe_pass(passes.rows, passes.seconds, passes.sessions, passes.own_rows, self._round,
                                weight=rounds)
+        self._observe_plain_pace(seconds_per_token)
+
+    def observe_stream_pace(self, seconds_per_token: float, passes: DecodedPasses | None = None) -> None:
+        """A streamed Decode call of the request (pipelining's streamed requests: no rounds, the
+        draft's offers in the target's passes) ran at seconds_per_token. It is the Decode a K = 0
+        stretch runs, offered the same drafts as auto's stretches are, so its pace prices K = 0
+        as a stretch's does (RoundCosts.plain_factor), and its passes join the verify fit; no
+        round is counted, towards a probe or as catch-up (the draft was fed every token). Without
+        it a fresh orchestrator under auto, which streams its first requests, prices K = 0 for
+        the first request that runs rounds at a Verify round per token, hop and all, and that
+        request drafts where a stretch is faster."""
+        if passes is not None:
+            self._observe_pass(passes.rows, passes.seconds, passes.sessions, passes.own_rows, self._round,
+                               weight=passes.count)
+        self._observe_plain_pace(seconds_per_token)
+
+    def _observe_plain_pace(self, seconds_per_token: float | None) -> None:
+        """A Decode's pace per token, over what a K = 0 Verify round is predicted to take, prices
+        K = 0 from now on; the pool hears of it."""
         base = self._base_costs()
         if base is not None and seconds_per_token is not None and seconds_per_token > 0:
             predicted = round_time(0, replace(base, plain_factor=None))

@@ -237,3 +237,38 @@ def test_stretches_do_not_pull_the_pool_alpha_towards_a_stale_estimate() -> None
         controller.observe_plain(8, 0.04)
     assert priors.snapshot().alpha == after_rounds
     assert priors.snapshot().plain_factor is not None  # the stretches' pace did reach the pool
+
+
+def test_a_streamed_calls_pace_prices_k0_for_the_pool_without_counting_rounds() -> None:
+    """A streamed request's Decode is the call a stretch runs: its pace teaches the pool K = 0's
+    price, so the next session (the first to run rounds after streamed ones) does not price K = 0
+    at a Verify round per token and draft where a stretch is faster; it counts no round, towards a
+    probe or as the draft's catch-up."""
+    world = break_even_world()
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX)
+    priors = ControllerPriors()
+    streamed = AdaptiveKController(config, priors=priors)
+    play(streamed, SimulatedServices(3), world, 30)  # the timings a streamed request's first calls teach
+    before = streamed.estimates()
+    assert priors.snapshot().plain_factor is None  # rounds alone price no stretch
+    for _ in range(10):
+        streamed.observe_stream_pace(0.7 * (world.verify(1) + world.rtt_target))
+    after = streamed.estimates()
+    assert after["plain_factor"] == pytest.approx(0.7, rel=0.05)
+    assert priors.snapshot().plain_factor == pytest.approx(0.7, rel=0.05)
+    for name in ("probe_interval_rounds", "num_speculative_tokens", "alpha"):
+        assert after[name] == before[name], name
+    # The session after it settles at K = 0 where one from a pool without the pace drafts.
+    ks, _ = play_with_stretches(AdaptiveKController(config, priors=priors), SimulatedServices(3), world, 400, 0.7)
+    assert sum(k == 0 for k in ks[-100:]) > 90
+    unpriced, _ = play_with_stretches(AdaptiveKController(config, priors=ControllerPriors()), SimulatedServices(3),
+                                      world, 400, 0.7)
+    assert unpriced[0] > 0
+
+
+def test_fixed_k_ignores_streamed_paces() -> None:
+    from orchestrator.k_policy import FixedK
+
+    policy = FixedK(2)
+    policy.observe_stream_pace(0.01)
+    assert policy.choose(8) == 2 and policy.estimates() == {}
