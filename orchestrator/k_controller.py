@@ -555,8 +555,7 @@ class AdaptiveKController:
         the first request that runs rounds at a Verify round per token, hop and all, and that
         request drafts where a stretch is faster."""
         if passes is not None:
-            self._observe_pass(passes.rows, passes.seconds, passes.sessions, passes.own_rows, self._round,
-                               weight=passes.count)
+            self.observe_decoded_passes(passes)
         self._observe_plain_pace(seconds_per_token)
 
     def _observe_plain_pace(self, seconds_per_token: float | None) -> None:

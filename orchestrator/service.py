@@ -331,14 +331,18 @@ class OrchestratorService:
     def holds_auto_pipelining(self, speculation: Speculation, shared: bool) -> bool:
         """Pipelining auto, held off for this request: the draft shares the target's hardware
         (shared: draft_shares_compute(), asked once per request)."""
-        return ((speculation.pipeline or self.config.pipeline) == "auto"
+        return (self.pipeline_mode(speculation) == "auto"
                 and self.hold_auto_pipelining_on_shared_compute and shared)
+
+    def pipeline_mode(self, speculation: Speculation) -> PipelineMode:
+        """A request's pipelining mode: its own, else the server's --pipeline."""
+        return speculation.pipeline or self.config.pipeline
 
     def pipeline_fanout(self, speculation: Speculation) -> int:
         """A request's fan-out (candidates per outcome under on, the most under auto): its own,
         else the server's --pipeline-fanout, else the mode's default (default_pipeline_fanout)."""
         fanout = next((f for f in (speculation.pipeline_fanout, self.config.pipeline_fanout) if f is not None),
-                      default_pipeline_fanout(speculation.pipeline or self.config.pipeline))
+                      default_pipeline_fanout(self.pipeline_mode(speculation)))
         if not 0 <= fanout <= MAX_PIPELINE_FANOUT:
             raise OutOfRange(f"pipeline_fanout must be in [0, {MAX_PIPELINE_FANOUT}], got {fanout}")
         return fanout
@@ -347,7 +351,7 @@ class OrchestratorService:
                  held: bool = False) -> PipelinePolicy:
         """Whether and how widely a request drafts ahead (orchestrator/pipelining.py); held:
         pipelining auto holds off for it (holds_auto_pipelining)."""
-        mode = speculation.pipeline or self.config.pipeline
+        mode = self.pipeline_mode(speculation)
         fanout = self.pipeline_fanout(speculation)
         if held:
             return NoPipeline()
@@ -371,7 +375,7 @@ class OrchestratorService:
         """Under pipelining auto, an adaptive session's K = 0 stretches (Decode calls) are
         offered the model draft's drafts as streamed requests are, where that pays (not when
         held: holds_auto_pipelining)."""
-        mode = speculation.pipeline or self.config.pipeline
+        mode = self.pipeline_mode(speculation)
         if mode != "auto" or self.draft_method != "model" or not isinstance(policy, AdaptiveKController) or held:
             return None
         return StreamedDrafts(min(STRETCH_OFFER_DEPTH, self.config.max_num_speculative_tokens),
