@@ -465,7 +465,7 @@ class AdaptiveKController:
         if self._num_speculative_tokens != 0:
             return 0
         if self._ahead is not None:
-            if not self._ahead.ranks_measured:
+            if self._ranks_pending():
                 return 0  # K = 0 priced as Verify rounds: run as such
             if self._ahead_pays():
                 return 0
@@ -486,7 +486,7 @@ class AdaptiveKController:
         """Whether this session probes beside its stretches: shadow_probes, and under pipelining
         auto only once the pool has measured the draft's candidate ranks (until then its probes
         from K = 0 draft ahead, to measure them)."""
-        return self._shadow_probes and (self._ahead is None or self._ahead.ranks_measured)
+        return self._shadow_probes and not self._ranks_pending()
 
     def shadow_probe(self) -> int:
         """K of the probe plain_rounds(shadow=True) took for the stretch the caller now runs (0:
@@ -782,6 +782,13 @@ class AdaptiveKController:
     def _base_costs(self) -> RoundCosts | None:
         """The verify pass and the target's hop, with the rows the others put in the pass; no
         draft figures and no rate of the others yet. None before the first verify."""
+        costs = self._verify_round_costs()
+        if costs is None or self._ranks_pending(costs):
+            return costs  # K = 0 as Verify rounds until drafting ahead is measured (PipelineConfig)
+        return self._at_plain_pace(costs)
+
+    def _verify_round_costs(self) -> RoundCosts | None:
+        """_base_costs with K = 0 priced as a Verify round."""
         coefficients = self._verify.coefficients()
         rtt_target = self._rtt_target.value
         if coefficients is None or rtt_target is None:
@@ -790,16 +797,32 @@ class AdaptiveKController:
         # Alone, a row count's own residual (kernel steps) sharpens the line; with others in the
         # pass their rows move it across those steps from round to round, so the line alone.
         verify_fn = self._verify.seconds if others_rows == 0 else self._verify.line_seconds
-        costs = RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
-        if self._ahead is not None and not self._ahead.ranks_measured:
-            return costs  # K = 0 as Verify rounds until drafting ahead is measured (PipelineConfig)
-        # K = 0 rounds are decoded in one call: at their measured pace, or until it is measured, at
-        # the K = 0 round with its target hop paid once per stretch (to the next probe)
+        return RoundCosts(0.0, verify_fn, 0.0, rtt_target, others_rows=others_rows)
+
+    def _at_plain_pace(self, costs: RoundCosts) -> RoundCosts:
+        """K = 0 rounds are decoded in one call: at their measured pace, or until it is measured, at
+        the K = 0 round with its target hop paid once per stretch (to the next probe)."""
         plain = self._plain_factor.value
         if plain is None:
             verify_round = round_time(0, costs)
-            plain = (verify_round - rtt_target * (1.0 - 1.0 / self._probe_interval)) / verify_round
+            plain = (verify_round - costs.rtt_target * (1.0 - 1.0 / self._probe_interval)) / verify_round
         return replace(costs, plain_factor=plain)
+
+    def _ranks_pending(self, verify_round_costs: RoundCosts | None = None) -> bool:
+        """Under pipelining auto, whether the draft's candidate ranks are still to be measured
+        (PipelineConfig.measured_outcomes: until then K = 0 is priced and run as Verify rounds, so
+        that drafting ahead is tried) and could make drafting ahead pay: with every round a hit
+        and alpha optimistic (zero_k_optimism posterior sd above the estimate), some K drafted
+        ahead beats K = 0 at its streamed pace. Where even that loses, no ranks would change the
+        choice, so K = 0 runs at its pace from the start. True while the costs are not known."""
+        if self._ahead is None or self._ahead.ranks_measured:
+            return False
+        base = verify_round_costs if verify_round_costs is not None else self._verify_round_costs()
+        costs = self._with_draft(self._at_plain_pace(base), include_catchup=False) if base is not None else None
+        if costs is None:
+            return True
+        alpha = min(1.0, self._alpha.alpha + self._config.zero_k_optimism * self._alpha.alpha_sd)
+        return self._ahead.could_pay(alpha, costs, self._config.max_num_speculative_tokens, self._max_fanout)
 
     def _verify_costs(self) -> RoundCosts | None:
         """The round's costs without a draft (no draft time, hop or catch-up): all a lookup needs."""
@@ -808,8 +831,12 @@ class AdaptiveKController:
 
     def _costs(self, include_catchup: bool = True) -> RoundCosts | None:
         base = self._base_costs()
+        return self._with_draft(base, include_catchup) if base is not None else None
+
+    def _with_draft(self, base: RoundCosts, include_catchup: bool = True) -> RoundCosts | None:
+        """base with the draft's figures and the others' rate; None before the draft's are known."""
         t_draft, rtt_draft = self._t_draft.value, self._rtt_draft.value
-        if base is None or t_draft is None or rtt_draft is None:
+        if t_draft is None or rtt_draft is None:
             return None
         t_feed = self._t_feed.value if self._t_feed.value is not None else t_draft
         catchup = self._pending_catchup_tokens * t_feed if include_catchup else 0.0

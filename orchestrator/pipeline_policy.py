@@ -130,6 +130,21 @@ class Coverage(Protocol):
         excluded); 0 at fanout 0."""
 
 
+@dataclass(frozen=True)
+class EveryRoundAHit:
+    """Coverage of a draft whose candidates always hold the target's token (at any fan-out from
+    1): what drafting ahead earns at best, whatever the draft's ranks turn out to be."""
+
+    def c_bonus(self, fanout: int) -> float:
+        return 1.0 if fanout > 0 else 0.0
+
+    def c_corr(self, fanout: int) -> float:
+        return 1.0 if fanout > 0 else 0.0
+
+
+EVERY_ROUND_A_HIT = EveryRoundAHit()
+
+
 class BranchTime(Protocol):
     def seconds(self, rows_per_pass: int, passes: int, t_draft: float) -> float:
         """T_branch: the draft's compute for `passes` passes of `rows_per_pass` rows."""
@@ -836,6 +851,17 @@ class PipelineController:
         """Whether choose() would now pick a fan-out above 0, with its hysteresis; nothing is
         scheduled (the K controller asks before committing to K = 0 rounds decoded in one call)."""
         return self._best(alpha, costs, max_num_speculative_tokens, max_fanout)[1] > 0
+
+    def could_pay(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
+                  max_fanout: int) -> bool:
+        """Whether some K drafted ahead would beat the best plain round (by the margin) were
+        every round a hit and the verify not slowed by the branches: where it would not, no
+        measurement of the draft's candidate ranks can make drafting ahead pay at these costs."""
+        cfg = self._config
+        max_fanout = max(0, min(max_fanout, cfg.max_fanout))
+        times = pipeline_times(alpha, costs, max(0, max_num_speculative_tokens), max_fanout, EVERY_ROUND_A_HIT,
+                               self.branch_cost, 1.0, miss_branch_hop=cfg.miss_branch_hop)
+        return choose_from_table(times, cfg.margin, cfg.fanout_tolerance)[1] > 0
 
     def _best(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
               max_fanout: int) -> tuple[int, int]:

@@ -107,6 +107,30 @@ def test_pipelining_auto_does_not_stretch_before_drafting_ahead_is_measured() ->
     assert controller.plain_rounds() > 0
 
 
+def target_hop_world() -> Conditions:
+    """The default pair's pass times with a 30 ms hop each way and a draft accepted 40 % of the
+    time: a hit round still pays the target's hop and a pass for ~1.5 tokens, while a stretch pays
+    the hop once, so drafting ahead cannot pay even were every round a hit."""
+    return Conditions(alpha=0.4, t_draft=0.004, verify_a=0.032, verify_b=0.0019, rtt_draft=0.030,
+                      rtt_target=0.030, decodes=True)
+
+
+def test_pipelining_auto_stretches_unmeasured_where_no_ranks_could_make_drafting_ahead_pay() -> None:
+    """Measuring the candidate ranks (drafted-ahead rounds in place of stretches) is skipped where
+    drafting ahead would lose to a stretch even with every round a hit: no ranks could change the
+    choice. In the world where a hit would pay (a draft hop to skip) the rounds still run."""
+    priors = PipelinePriors()
+    controller = auto_controller(priors)
+    play(controller, SimulatedServices(1), target_hop_world(), 200)
+    assert priors.outcomes < PipelineConfig().measured_outcomes
+    assert controller.estimates()["num_speculative_tokens"] == 0
+    assert controller.plain_rounds() > 0  # unmeasured, yet stretched
+
+    hopeful = auto_controller(PipelinePriors())
+    play(hopeful, SimulatedServices(1), draft_hop_world(), 200)
+    assert hopeful.plain_rounds() == 0
+
+
 def test_pipelining_auto_probes_from_k0_draft_ahead() -> None:
     """At K = 0 under pipelining auto the probes draft ahead at fan-out 1, so that the candidate
     ranks that price drafting ahead against K = 0 are measured there too."""
