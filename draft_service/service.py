@@ -1,5 +1,6 @@
-"""The draft service's operations on sessions (no protobuf): Prefill, Propose, and Speculate
-(a Propose, then branches drafted ahead for the outcomes of the round it starts)."""
+"""The draft service's operations on sessions (no protobuf): Prefill, Propose, Speculate (a
+Propose, then branches drafted ahead for the outcomes of the round it starts), and Follow (streamed
+speculation: Speculate's answers from a C that grows as the caller sends it)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,18 @@ class DraftConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.top_m <= MAX_DRAFT_TOP_M:
             raise ValueError(f"top_m must be in [1, {MAX_DRAFT_TOP_M}]")
+
+
+@dataclass(frozen=True)
+class FollowStep:
+    """One message of a Follow stream: C's tokens after those the stream sent before, and how to
+    draft from then on (fanout 0: no branches)."""
+
+    new_committed: tuple[int, ...]
+    num_speculative_tokens: int
+    fanout: int = 0
+    branch_num_speculative_tokens: int = 0
+    branch_outcomes: int = 0
 
 
 class DraftService(SessionService[DraftSessionState]):
@@ -79,6 +92,60 @@ class DraftService(SessionService[DraftSessionState]):
         new_handle, proposal, timing = await self.propose(handle, new_committed, num_speculative_tokens)
         yield new_handle, proposal, timing
         yield await self.draft_ahead(new_handle, fanout, branch_num_speculative_tokens, branch_outcomes)
+
+    async def follow(
+        self, handle: Handle, steps: AsyncIterator[FollowStep],
+    ) -> AsyncIterator[tuple[Handle, Proposal, Timing] | tuple[DraftedAhead, Timing]]:
+        """Streamed speculation (Follow): steps bring C's tokens as the caller learns them; each
+        time the draft is free and a step has come since its last answer, it proposes from all the
+        tokens sent so far, as Propose would, and with the step's fanout drafts ahead after it, as
+        Speculate would (yields as speculate does). Steps that come while it drafts are answered
+        together, from the newest C: a draft slower than the target skips the C's it is behind.
+        Ends when the steps end and every step is answered; a step that fails its checks ends it
+        with that error."""
+        pending: list[int] = []  # C's tokens sent and not yet proposed from
+        latest: FollowStep | None = None
+        due = ended = False
+        failed: BaseException | None = None
+        changed = asyncio.Event()
+
+        async def read() -> None:
+            nonlocal latest, due, ended, failed
+            try:
+                async for step in steps:
+                    if step.fanout:
+                        check_branching(self, step.fanout, step.branch_num_speculative_tokens, step.branch_outcomes)
+                    pending.extend(step.new_committed)
+                    latest, due = step, True
+                    changed.set()
+            except Exception as error:  # noqa: BLE001 - raised by the answering loop below
+                failed = error
+            finally:
+                ended = True
+                changed.set()
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                if failed is not None:
+                    raise failed
+                if not due:
+                    if ended:
+                        return
+                    changed.clear()
+                    await changed.wait()
+                    continue
+                assert latest is not None
+                step, new = latest, list(pending)
+                due = False
+                pending.clear()
+                handle, proposal, timing = await self.propose(handle, new, step.num_speculative_tokens)
+                yield handle, proposal, timing
+                if step.fanout:
+                    yield await self.draft_ahead(handle, step.fanout, step.branch_num_speculative_tokens,
+                                                 step.branch_outcomes)
+        finally:
+            reader.cancel()
 
     async def draft_ahead(self, handle: Handle, fanout: int, branch_num_speculative_tokens: int,
                           branch_outcomes: int = 0) -> tuple[DraftedAhead, Timing]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from draft_service.lookup_service import LookupDraftService
-from draft_service.service import DraftService
+from draft_service.service import DraftService, FollowStep
 from specdec.protocol import DraftedAhead, Handle, Proposal, Timing
 from specdec.rpc import convert
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -50,11 +50,35 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             else:
                 yield draft_pb2.SpeculateResponse(proposal=_propose_response(*item))
 
+    async def Follow(self, request_iterator, context: grpc.aio.ServicerContext):
+        if not isinstance(self.service, DraftService):
+            # A model-free draft answers each Propose at once: there is nothing to stream.
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a model-free draft does not follow a stream")
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+
+        async def steps():
+            yield _follow_step(first)
+            async for request in request_iterator:
+                yield _follow_step(request)
+
+        async for item in self.service.follow(convert.handle_from_proto(first.propose.handle), steps()):
+            if isinstance(item[0], DraftedAhead):
+                yield draft_pb2.SpeculateResponse(branches=_branches(*item))
+            else:
+                yield draft_pb2.SpeculateResponse(proposal=_propose_response(*item))
+
     async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         return common_pb2.ReleaseResponse(released=await self.service.release(request.session_id))
 
     async def Info(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         return convert.info_to_proto(self.service.info())
+
+
+def _follow_step(request: draft_pb2.SpeculateRequest) -> FollowStep:
+    return FollowStep(tuple(request.propose.new_committed_token_ids), request.propose.num_speculative_tokens,
+                      request.fanout, request.branch_num_speculative_tokens, request.branch_outcomes)
 
 
 def _propose_response(handle: Handle, proposal: Proposal, timing: Timing) -> draft_pb2.ProposeResponse:

@@ -295,6 +295,7 @@ class DraftClient(ReplicaClient):
 
     def __init__(self, address: str, channel: grpc.aio.Channel, timeouts: RpcTimeouts) -> None:
         super().__init__(address, channel, timeouts, draft_pb2_grpc.DraftServiceStub(channel))
+        self.follows = True  # False once it answered Follow as unimplemented (a model-free draft)
 
     async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
                       cache_partition: str = "") -> Reply[None]:
@@ -325,6 +326,83 @@ class DraftClient(ReplicaClient):
             branch_outcomes=branch_outcomes,
         )
         return SpeculateCall(self.address, self._stub.Speculate(request, timeout=self.timeouts.step_seconds))
+
+    def follow(self, handle: Handle, new_committed_token_ids: Sequence[int], num_speculative_tokens: int,
+               fanout: int = 0, branch_num_speculative_tokens: int = 0, branch_outcomes: int = 0,
+               timeout_seconds: float | None = None) -> FollowCall:
+        """Opens a Follow (streamed speculation) from the session's handle; start() sends its first
+        message. timeout_seconds bounds the whole stream (None: none; the caller cancels it)."""
+        first = draft_pb2.SpeculateRequest(
+            propose=_propose_request(handle, new_committed_token_ids, num_speculative_tokens),
+            fanout=fanout, branch_num_speculative_tokens=branch_num_speculative_tokens,
+            branch_outcomes=branch_outcomes)
+        return FollowCall(self, self._stub.Follow(timeout=timeout_seconds), first)
+
+
+def _drafted_ahead(branches: draft_pb2.Branches) -> DraftedAhead:
+    return DraftedAhead(
+        branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, convert.proposal_from_proto(b))
+                       for b in branches.branches),
+        candidates=tuple(tuple(c.token_ids) for c in branches.candidates),
+    )
+
+
+class FollowCall:
+    """One Follow in flight (streamed speculation): grow() sends C's next tokens, read() the
+    draft's answers as they come (a proposal, or the branches after the proposal before them;
+    None once the draft ended the stream); cancel() when no more are wanted."""
+
+    def __init__(self, client: DraftClient, call: Any, first: draft_pb2.SpeculateRequest) -> None:
+        self.address = client.address
+        self._client = client
+        self._call = call
+        self._first: draft_pb2.SpeculateRequest | None = first
+        self._last_proposal = time.perf_counter()
+
+    async def _write(self, request: draft_pb2.SpeculateRequest) -> None:
+        try:
+            await self._call.write(request)
+        except grpc.aio.AioRpcError as error:
+            raise domain_error(self.address, error) from error
+
+    async def start(self) -> None:
+        assert self._first is not None, "start() once"
+        first, self._first = self._first, None
+        self._last_proposal = time.perf_counter()
+        await self._write(first)
+
+    async def done(self) -> None:
+        """No more tokens: the draft answers what it was sent, then ends the stream."""
+        await self._call.done_writing()
+
+    async def grow(self, new_committed_token_ids: Sequence[int], num_speculative_tokens: int, fanout: int,
+                   branch_num_speculative_tokens: int, branch_outcomes: int = 0) -> None:
+        await self._write(draft_pb2.SpeculateRequest(
+            propose=draft_pb2.ProposeRequest(new_committed_token_ids=list(new_committed_token_ids),
+                                             num_speculative_tokens=num_speculative_tokens),
+            fanout=fanout, branch_num_speculative_tokens=branch_num_speculative_tokens,
+            branch_outcomes=branch_outcomes))
+
+    async def read(self) -> Reply[Proposal] | tuple[DraftedAhead, CallTiming] | None:
+        """The next answer; a proposal's wall time runs from the answer before it (or the start).
+        A draft without Follow ends the stream at once (None; its client's `follows` turns False)."""
+        try:
+            response = await self._call.read()
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._client.follows = False
+                return None
+            raise domain_error(self.address, error) from error
+        now = time.perf_counter()
+        if response is grpc.aio.EOF:
+            return None
+        if response.WhichOneof("message") == "proposal":
+            wall, self._last_proposal = now - self._last_proposal, now
+            return _proposal_reply(response.proposal, wall)
+        return _drafted_ahead(response.branches), _timing(now - self._last_proposal, response.branches)
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 class SpeculateCall:
@@ -357,12 +435,7 @@ class SpeculateCall:
         jobs, their transfer), as the loop waits for them."""
         response = await self._read("branches")
         assert self._proposal_arrived is not None, "read proposal() first"
-        ahead = DraftedAhead(
-            branches=tuple(BranchProposal(b.num_accepted, b.next_token_id, convert.proposal_from_proto(b))
-                           for b in response.branches),
-            candidates=tuple(tuple(c.token_ids) for c in response.candidates),
-        )
-        return ahead, _timing(time.perf_counter() - self._proposal_arrived, response)
+        return _drafted_ahead(response), _timing(time.perf_counter() - self._proposal_arrived, response)
 
     def cancel(self) -> None:
         self._call.cancel()

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.clients import DecodeStep, DraftClient, SpeculateCall, TargetClient
@@ -42,7 +42,7 @@ from orchestrator.recovery import SessionReplicas
 from orchestrator.speculation_guard import SpeculationGuard
 from orchestrator.stats import GenerationStats, StatsObserver
 from orchestrator.text import Decoder, TextStream
-from specdec.errors import InvalidInput, OutOfRange
+from specdec.errors import InvalidInput, OutOfRange, ReplicaError
 from specdec.lookup import NO_LOOKUP
 from specdec.protocol import (
     MAX_DECODE_STEPS,
@@ -403,10 +403,11 @@ class Generation:
     async def _offer_drafts(self, streamed: StreamedDrafts, shadow: _ShadowProbe | None = None) -> None:
         """Beside a streamed Decode: each time C has grown, the draft drafts from it, enough to
         reach past where the target is expected to be by the time they arrive, and offers them to
-        the target. A probe beside the stretch (shadow) goes out between these draft calls when
-        the stretch reaches its start, so the draft session sees C only grow. Ends when the draft
-        is gone or the offers clearly slow a stretch's Decode (it goes on alone; a streamed
-        request's offers are judged by its test, _switch_if_losing), or when cancelled."""
+        the target. With a draft that follows streams (Follow), C's tokens go to it as they come
+        and it drafts from the newest C whenever it is free (_follow_offers); otherwise, and with a
+        probe beside the stretch (shadow), one draft call at a time (_offer_call_by_call). Ends
+        when the draft is gone or the offers clearly slow a stretch's Decode (it goes on alone; a
+        streamed request's offers are judged by its test, _switch_if_losing), or when cancelled."""
         async def offer(drafted: DraftOffer, sent_at: int) -> None:
             held, length = await self.replicas.offer(drafted)
             if held and not drafted.branches:  # the same drafts' own offer measured it
@@ -423,53 +424,130 @@ class Generation:
             sent.add(task)
             task.add_done_callback(sent.discard)
 
-        offered_from = -1
         sent: set[asyncio.Task[None]] = set()
-        started, first = time.perf_counter(), len(self.committed)
         try:
-            while True:
-                if len(self.committed) == offered_from:
-                    self._grew.clear()
-                    await self._grew.wait()
-                    continue
-                decoded = len(self.committed) - first
-                if decoded >= MIN_PACE_TOKENS and not self._streams:  # a streamed request's own test judges it
-                    pace = (time.perf_counter() - started) / decoded
-                    if streamed.paces.clearly_slower(pace):  # the rest of the call decodes alone
-                        streamed.paces.observe(True, pace)
-                        self._offers_stopped = True
-                        return
-                if shadow is not None and shadow.task is None and len(self.committed) >= shadow.launch_at:
-                    self._launch_shadow_probe(shadow)
-                    assert shadow.task is not None
-                    await asyncio.wait([shadow.task])  # its own result is read after the stretch
-                start = list(self.committed)
-                offered_from = len(start)
-                await self.replicas.settle_draft(start)
-                if not self.replicas.has_draft:
-                    return
-                drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
-                outcomes = streamed.branch_outcomes(drafts)
-                call: SpeculateCall | None = None
-                if outcomes:
-                    answer = await self.replicas.speculate(start, drafts, streamed.fanout, drafts - 1, outcomes)
-                    reply, call = answer if answer is not None else (None, None)
-                else:
-                    reply = await self.replicas.propose(start, drafts)
-                if reply is None:
-                    return
-                drafted = DraftOffer(len(start), reply.value, streamed.num_speculative_tokens)
-                send(drafted)
-                if call is not None:  # the same drafts again with their branches, as soon as they come
-                    try:
-                        ahead = await self.replicas.branches(call)
-                    finally:
-                        call.cancel()
-                    if ahead is not None and ahead[0].branches:
-                        send(replace(drafted, branches=ahead[0].branches))
+            if shadow is None and self.replicas.draft_follows and await self._follow_offers(streamed, send):
+                return
+            await self._offer_call_by_call(streamed, send, shadow)
         finally:
             for task in list(sent):
                 task.cancel()
+
+    def _offers_slow_the_stretch(self, streamed: StreamedDrafts, started: float, first: int) -> bool:
+        """Whether a stretch's offers clearly slow its Decode, by its pace since they began (then
+        recorded, and the rest of the call decodes alone)."""
+        decoded = len(self.committed) - first
+        if decoded < MIN_PACE_TOKENS or self._streams:  # a streamed request's own test judges it
+            return False
+        pace = (time.perf_counter() - started) / decoded
+        if not streamed.paces.clearly_slower(pace):
+            return False
+        streamed.paces.observe(True, pace)
+        self._offers_stopped = True
+        return True
+
+    async def _follow_offers(self, streamed: StreamedDrafts, send: Callable[[DraftOffer], None]) -> bool:
+        """Offers from one Follow stream: C's new tokens go to the draft as they come, and each of
+        its answers (a proposal, then its branches) goes to the target as it comes. Neither waits
+        for the other: the draft drafts from the newest C whenever it is free, without a round trip
+        of its own between offers. False where the draft turns out not to follow streams (the
+        caller offers call by call)."""
+        start = list(self.committed)
+        await self.replicas.settle_draft(start)
+        if not self.replicas.has_draft:
+            return True
+
+        def shape() -> tuple[int, int, int, int]:  # drafts, fan-out, drafts per branch, branched outcomes
+            drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
+            outcomes = streamed.branch_outcomes(drafts)
+            return drafts, (streamed.fanout if outcomes else 0), max(1, drafts - 1), outcomes
+
+        call = await self.replicas.follow(start, *shape())
+        if call is None:
+            return True
+        sent_up_to, started = len(start), time.perf_counter()
+
+        async def feed() -> None:  # ends when the offers slow the stretch
+            nonlocal sent_up_to
+            while not self._offers_slow_the_stretch(streamed, started, len(start)):
+                if len(self.committed) == sent_up_to:
+                    self._grew.clear()
+                    await self._grew.wait()
+                    continue
+                new = self.committed[sent_up_to:]
+                sent_up_to = len(self.committed)
+                await call.grow(new, *shape())
+
+        feeding = asyncio.create_task(feed())
+        try:
+            drafted: DraftOffer | None = None
+            while True:
+                reading = asyncio.ensure_future(call.read())
+                await asyncio.wait((reading, feeding), return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():  # the feed ended (or failed): no more offers
+                    reading.cancel()
+                    feeding.result()
+                    return True
+                answer = reading.result()
+                if answer is None:
+                    return self.replicas.draft_follows  # False: it has no Follow
+                if isinstance(answer, tuple):
+                    ahead, _ = answer
+                    if drafted is not None and ahead.branches:
+                        send(replace(drafted, branches=ahead.branches))
+                    continue
+                self.replicas.followed(answer)
+                drafted = DraftOffer(answer.handle.committed_length, answer.value, streamed.num_speculative_tokens)
+                send(drafted)
+        except (ReplicaError, InvalidInput, OutOfRange) as error:  # offers are an optimisation
+            log.info("following on the draft failed: %s", error)
+            return True
+        finally:
+            feeding.cancel()
+            call.cancel()
+
+    async def _offer_call_by_call(self, streamed: StreamedDrafts, send: Callable[[DraftOffer], None],
+                                  shadow: _ShadowProbe | None) -> None:
+        """Offers from one draft call at a time, each from C as it is when the call goes out. A
+        probe beside the stretch (shadow) goes out between these draft calls when the stretch
+        reaches its start, so the draft session sees C only grow."""
+        offered_from = -1
+        started, first = time.perf_counter(), len(self.committed)
+        while True:
+            if len(self.committed) == offered_from:
+                self._grew.clear()
+                await self._grew.wait()
+                continue
+            if self._offers_slow_the_stretch(streamed, started, first):
+                return
+            if shadow is not None and shadow.task is None and len(self.committed) >= shadow.launch_at:
+                self._launch_shadow_probe(shadow)
+                assert shadow.task is not None
+                await asyncio.wait([shadow.task])  # its own result is read after the stretch
+            start = list(self.committed)
+            offered_from = len(start)
+            await self.replicas.settle_draft(start)
+            if not self.replicas.has_draft:
+                return
+            drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
+            outcomes = streamed.branch_outcomes(drafts)
+            call: SpeculateCall | None = None
+            if outcomes:
+                answer = await self.replicas.speculate(start, drafts, streamed.fanout, drafts - 1, outcomes)
+                reply, call = answer if answer is not None else (None, None)
+            else:
+                reply = await self.replicas.propose(start, drafts)
+            if reply is None:
+                return
+            drafted = DraftOffer(len(start), reply.value, streamed.num_speculative_tokens)
+            send(drafted)
+            if call is not None:  # the same drafts again with their branches, as soon as they come
+                try:
+                    ahead = await self.replicas.branches(call)
+                finally:
+                    call.cancel()
+                if ahead is not None and ahead[0].branches:
+                    send(replace(drafted, branches=ahead[0].branches))
 
     def _still_ahead(self, drafted: DraftOffer) -> bool:
         """Whether an offer can still be of use when it reaches the target: C as the orchestrator

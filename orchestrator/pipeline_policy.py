@@ -755,6 +755,7 @@ class PipelineConfig:
     # Until then the K controller prices K = 0 as a Verify round, not at its cheaper streamed pace,
     # so that drafting ahead is tried where the prior ranks alone might rule it out: a draft much
     # better than the default pair's is otherwise never found out (probes measure a rank a time).
+    # Not where it could not pay with every round a hit (could_pay): no ranks would change that.
     measured_outcomes: int = 16
 
     def __post_init__(self) -> None:

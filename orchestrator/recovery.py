@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from orchestrator.clients import DecodeStep, DraftClient, SpeculateCall, TargetClient
+from orchestrator.clients import DecodeStep, DraftClient, FollowCall, SpeculateCall, TargetClient
 from orchestrator.pool import Client, Lease, Replica, ReplicaPool
 from orchestrator.stats import GenerationStats
 from specdec.errors import (
@@ -255,6 +255,36 @@ class SessionReplicas:
                 raise
 
         return await self._draft_call(committed, call)
+
+    @property
+    def draft_follows(self) -> bool:
+        """Whether the session's draft replica takes Follow streams (not known to lack them)."""
+        return self.draft is not None and self.draft.lease.client.follows
+
+    async def follow(self, committed: Sequence[int], num_speculative_tokens: int, fanout: int,
+                     branch_num_speculative_tokens: int, branch_outcomes: int = 0) -> FollowCall | None:
+        """Opens a Follow on the draft session from C = committed (streamed speculation); its
+        proposals go through followed(). None when the draft is gone or failed to take it: offers
+        are an optimisation, and the next draft call finds out and handles what failed."""
+        placement = self.draft
+        if placement is None:
+            return None
+        call = placement.lease.client.follow(placement.handle, committed[placement.handle.committed_length:],
+                                             num_speculative_tokens, fanout, branch_num_speculative_tokens,
+                                             branch_outcomes)
+        try:
+            await call.start()
+        except (ReplicaError, InvalidInput, OutOfRange) as error:
+            call.cancel()
+            log.info("following on %s failed: %s", placement.replica.address, error)
+            return None
+        return call
+
+    def followed(self, reply: Reply[Proposal]) -> None:
+        """A Follow's proposal: the draft session is at its handle, as after a Propose."""
+        if self.draft is not None:
+            self.draft.handle = reply.handle
+            self.stats.add_draft_call(reply.timing)
 
     async def branches(self, call: SpeculateCall) -> tuple[DraftedAhead, CallTiming] | None:
         """The branches a Speculate drafted ahead; None if they did not come (drafting ahead is

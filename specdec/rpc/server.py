@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from google.protobuf.message import DecodeError
 
-from specdec.errors import Unavailable
+from specdec.errors import InvalidInput, Unavailable
 from specdec.rpc.errors import ErrorMappingInterceptor
 from specdec.tracing import server_interceptors
 from specdec.worker import run_on_model_thread
@@ -133,8 +133,9 @@ Guard = Callable[[Any, grpc.aio.ServicerContext], AbstractAsyncContextManager[No
 
 
 def _guarded(handler: grpc.RpcMethodHandler, guard: Guard, request_deserializer=None) -> grpc.RpcMethodHandler:
-    """The handler with `async with guard(request, context)` around its behavior (unary or server
-    streaming, including a streaming coroutine that writes with context.write)."""
+    """The handler with `async with guard(request, context)` around its behavior (unary, server
+    streaming, including a streaming coroutine that writes with context.write, or bidirectional:
+    request None)."""
     deserializer = request_deserializer or handler.request_deserializer
     if handler.unary_unary is not None:
         behavior = handler.unary_unary
@@ -160,7 +161,26 @@ def _guarded(handler: grpc.RpcMethodHandler, guard: Guard, request_deserializer=
         return grpc.unary_stream_rpc_method_handler(
             stream if inspect.isasyncgenfunction(streaming) else writing,
             request_deserializer=deserializer, response_serializer=handler.response_serializer)
+    if handler.stream_stream is not None:
+        both = handler.stream_stream
+
+        async def bidi(requests, context):
+            async with guard(None, context):  # a stream's messages are checked as they come
+                async for response in both(_parsed_messages(requests), context):
+                    yield response
+
+        return grpc.stream_stream_rpc_method_handler(
+            bidi, request_deserializer=deserializer, response_serializer=handler.response_serializer)
     return handler
+
+
+async def _parsed_messages(requests):
+    """A request stream's messages; one that did not parse (MalformedRequestInterceptor) ends the
+    call with INVALID_ARGUMENT."""
+    async for message in requests:
+        if isinstance(message, MalformedRequest):
+            raise InvalidInput(f"a message of the stream is not valid ({message.error})")
+        yield message
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):

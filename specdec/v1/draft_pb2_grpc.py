@@ -53,6 +53,11 @@ class DraftServiceStub:
                 request_serializer=specdec_dot_v1_dot_draft__pb2.SpeculateRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_draft__pb2.SpeculateResponse.FromString,
                 _registered_method=True)
+        self.Follow = channel.stream_stream(
+                '/specdec.v1.DraftService/Follow',
+                request_serializer=specdec_dot_v1_dot_draft__pb2.SpeculateRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.SpeculateResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -94,6 +99,20 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Follow(self, request_iterator, context):
+        """Streamed speculation: drafts for a target that decodes on by itself. The caller sends C's
+        tokens as it learns them: the first message as a Speculate's request (its propose.handle the
+        session's), each later one only the tokens after those sent before (its handle unset; its
+        num_speculative_tokens, fanout, branch_num_speculative_tokens and branch_outcomes apply from
+        then on). The draft answers from the newest C it has been sent whenever it is free, as a
+        Speculate answers: the proposal, then (fanout > 0) the branches; tokens that come while it
+        drafts are taken together by the next answer, never one answer per message. Each proposal's
+        handle says which C it was drafted from. Ends when the caller ends or cancels the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -121,6 +140,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
             ),
             'Speculate': grpc.unary_stream_rpc_method_handler(
                     servicer.Speculate,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.SpeculateRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.SpeculateResponse.SerializeToString,
+            ),
+            'Follow': grpc.stream_stream_rpc_method_handler(
+                    servicer.Follow,
                     request_deserializer=specdec_dot_v1_dot_draft__pb2.SpeculateRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_draft__pb2.SpeculateResponse.SerializeToString,
             ),
@@ -217,6 +241,33 @@ class DraftService:
             request,
             target,
             '/specdec.v1.DraftService/Speculate',
+            specdec_dot_v1_dot_draft__pb2.SpeculateRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.SpeculateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.DraftService/Follow',
             specdec_dot_v1_dot_draft__pb2.SpeculateRequest.SerializeToString,
             specdec_dot_v1_dot_draft__pb2.SpeculateResponse.FromString,
             options,

@@ -164,6 +164,28 @@ def test_streamed_greedy_output_is_the_targets(greedy_stack, reference_target, n
     assert registry.get_sample_value("specdec:offered_accepted_total", {"model_name": model}) >= accepted
 
 
+def test_a_draft_that_does_not_follow_is_offered_call_by_call(greedy_stack, reference_target):
+    """A draft replica known not to take Follow streams (an older one) is asked one draft call at a
+    time: its offers still reach the target's passes, and greedy output is the target's."""
+    replicas = list(greedy_stack.orchestrator.draft_pool.replicas.values())
+    for replica in replicas:
+        replica.client.follows = False
+    try:
+        passes = 0
+        for prompt in _prompts(3):
+            tokens, _, last = generate(greedy_stack.address, _request(prompt, 3))
+            with torch.no_grad():
+                output = reference_target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS,
+                                                   do_sample=False,
+                                                   attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+            assert tokens == output[0, len(prompt):].tolist(), prompt
+            passes += last.stats.offered_passes
+        assert passes > 0  # offered with Follow off: call by call
+    finally:
+        for replica in replicas:
+            replica.client.follows = True
+
+
 def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stack, reference_target):
     """Offers from a draft whose answers lag: the target takes a branch's drafts where it committed
     one of the draft's other candidates (pipeline_fanout 3, the default); with fan-out 0 it takes

@@ -1,0 +1,156 @@
+"""Follow (streamed speculation) at the draft service, through the real client and server: every
+proposal is what a Propose from the C it names drafts, every branch what a Propose after that
+outcome drafts, tokens sent while the draft drafts are answered together from the newest C, and
+the session goes on from the last answer as if it had been proposed to."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import draft_service.server
+from draft_service.lookup_service import LookupDraftConfig, load_vocabulary
+from orchestrator.clients import DraftClient, RpcTimeouts, open_channel
+from specdec.errors import OutOfRange
+from specdec.protocol import DraftedAhead, Proposal
+from specdec.rpc.server import ServerConfig
+from specdec.sampling import SamplingParams
+from specdec.serving import ServiceConfig
+from tests.service.test_drafting_ahead import _after_the_fact
+
+PROMPT = [5, 9, 11, 4, 20, 7]
+GROWTH = [3, 17, 2, 8, 30, 12, 6, 1, 25, 14, 9, 4]  # C's tokens after the prompt, as they "stream"
+
+
+def _draft(stack) -> DraftClient:
+    return DraftClient(stack.draft_address, open_channel(stack.draft_address, None, 1 << 24), RpcTimeouts())
+
+
+async def _follow(stack, sampling: SamplingParams, session_id: str, fanout: int) -> dict[str, int]:
+    """Sends GROWTH one token at a time, without waiting for answers; checks every answer against
+    drafting after the fact; returns what came."""
+    draft = _draft(stack)
+    prefill = await draft.prefill(session_id, PROMPT, sampling)
+    num_speculative_tokens, branch_k, outcomes = 4, 3, 2
+    call = draft.follow(prefill.handle, [], num_speculative_tokens, fanout, branch_k, outcomes)
+    await call.start()
+    committed = list(PROMPT)
+
+    async def grow() -> None:
+        for token in GROWTH:
+            committed.append(token)
+            await call.grow([token], num_speculative_tokens, fanout, branch_k, outcomes)
+            await asyncio.sleep(0)
+        await call.done()
+
+    writer = asyncio.create_task(grow())
+    counts = {"proposals": 0, "branches": 0}
+    last = prefill.handle
+    drafted_from: list[int] = []
+    proposal: Proposal | None = None
+    while (answer := await call.read()) is not None:
+        if isinstance(answer, tuple):
+            ahead, _ = answer
+            assert isinstance(ahead, DraftedAhead)
+            assert fanout > 0 and proposal is not None  # branches follow their proposal
+            for branch in ahead.branches:
+                assert branch.num_accepted < outcomes
+                prefix = [*drafted_from, *proposal.token_ids[:branch.num_accepted], branch.next_token_id]
+                reference = await _after_the_fact(draft, prefix, branch_k, sampling, f"{session_id}-ref")
+                assert branch.proposal.token_ids == reference.token_ids
+                assert branch.proposal.distributions == reference.distributions
+            counts["branches"] += len(ahead.branches)
+            continue
+        last, proposal = answer.handle, answer.value
+        assert last.committed_length >= len(drafted_from)  # C only grows
+        drafted_from = [*PROMPT, *GROWTH][:last.committed_length]
+        reference = await _after_the_fact(draft, drafted_from, num_speculative_tokens, sampling, f"{session_id}-ref")
+        assert proposal.token_ids == reference.token_ids
+        assert proposal.distributions == reference.distributions
+        counts["proposals"] += 1
+    await writer
+    assert last.committed_length == len(PROMPT) + len(GROWTH)  # the last answer is from all of C
+    counts["grows"] = len(GROWTH)
+    # The session goes on from the last answer's handle as after a Propose.
+    after = await draft.propose(last, [2], num_speculative_tokens)
+    reference = await _after_the_fact(draft, [*committed, 2], num_speculative_tokens, sampling, f"{session_id}-ref")
+    assert after.value.token_ids == reference.token_ids
+    await draft.release(session_id)
+    await draft.channel.close()
+    return counts
+
+
+def test_follow_answers_as_proposing_from_the_newest_c_greedy(loop_thread, stack):
+    counts = loop_thread.run(_follow(stack, SamplingParams(), "follow-greedy", fanout=0))
+    # Answers come from C's growth, at most one per message and the first: the draft skips C's
+    # that grew again before it was free.
+    assert 1 <= counts["proposals"] <= counts["grows"] + 1, counts
+    assert counts["branches"] == 0
+
+
+def test_follow_branches_equal_drafting_after_the_fact_sampled(loop_thread, stack):
+    sampling = SamplingParams(temperature=0.9, top_k=20, seed=5)
+    counts = loop_thread.run(_follow(stack, sampling, "follow-sampled", fanout=2))
+    assert counts["proposals"] >= 1 and counts["branches"] > 0, counts
+
+
+def test_follow_coalesces_tokens_sent_while_the_draft_drafts(loop_thread, stack):
+    """Every token sent before the first answer is read: the stream answers the start, and then
+    once more at most per answer it gave, never once per message."""
+    async def run() -> tuple[int, int]:
+        draft = _draft(stack)
+        prefill = await draft.prefill("follow-burst", PROMPT, SamplingParams())
+        call = draft.follow(prefill.handle, [], 3)
+        await call.start()
+        for token in GROWTH:  # all at once, before any answer is read
+            await call.grow([token], 3, 0, 0)
+        await call.done()
+        lengths = []
+        while (answer := await call.read()) is not None:
+            lengths.append(answer.handle.committed_length)
+        await draft.release("follow-burst")
+        await draft.channel.close()
+        return len(lengths), lengths[-1]
+
+    answers, last_length = loop_thread.run(run())
+    assert last_length == len(PROMPT) + len(GROWTH)
+    assert answers < len(GROWTH) + 1, answers
+
+
+def test_follow_bad_fanout_is_out_of_range(loop_thread, stack):
+    async def run() -> None:
+        draft = _draft(stack)
+        prefill = await draft.prefill("follow-bad", PROMPT, SamplingParams())
+        call = draft.follow(prefill.handle, [], 2, fanout=99, branch_num_speculative_tokens=2)
+        await call.start()
+        with pytest.raises(OutOfRange, match="fanout"):
+            await call.read()
+        await draft.release("follow-bad")
+        await draft.channel.close()
+
+    loop_thread.run(run())
+
+
+def test_a_model_free_draft_does_not_follow_and_its_client_knows(loop_thread, tiny_pair):
+    """A lookup draft answers Follow UNIMPLEMENTED: the stream ends with no answer and the client
+    stops asking (the orchestrator then offers one draft call at a time)."""
+    async def run() -> tuple[object, bool]:
+        server, _ = await draft_service.server.start_lookup(
+            load_vocabulary(str(tiny_pair.target_dir)), ServiceConfig(replica_id="lookup-follow"),
+            ServerConfig(port=0), lookup=LookupDraftConfig(method="ngram"))
+        address = f"127.0.0.1:{server.port}"
+        draft = DraftClient(address, open_channel(address, None, 1 << 24), RpcTimeouts())
+        try:
+            prefill = await draft.prefill("follow-lookup", PROMPT, SamplingParams())
+            call = draft.follow(prefill.handle, [], 3)
+            await call.start()
+            answer = await call.read()
+            await draft.release("follow-lookup")
+            return answer, draft.follows
+        finally:
+            await draft.channel.close()
+            await server.stop()
+
+    answer, follows = loop_thread.run(run())
+    assert answer is None and follows is False
