@@ -99,6 +99,7 @@ from orchestrator.pipelining import (
     AheadPlan,
     PipelinePolicy,
 )
+from specdec.chain_acceptance import expected_committed_tokens
 from specdec.lookup_acceptance import LookupAcceptance, LookupPriors
 
 if TYPE_CHECKING:
@@ -110,29 +111,6 @@ UNPRICED_LOOKUP_CHANCE = 0.1
 
 # ---------------------------------------------------------------------------------------------
 # The cost model (pure)
-
-
-def expected_committed_tokens(alpha: float | Sequence[float], num_speculative_tokens: int) -> float:
-    """E(K): expected tokens committed by a round of K drafts.
-
-    `alpha` is one acceptance probability, or per-position ones (alpha[i] for draft i + 1; the
-    last one repeats for later positions).
-    """
-    if num_speculative_tokens < 0:
-        raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
-    if isinstance(alpha, (int, float)):
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        if alpha == 1.0:
-            return float(num_speculative_tokens + 1)
-        return (1.0 - alpha ** (num_speculative_tokens + 1)) / (1.0 - alpha)
-    if not alpha:
-        raise ValueError("per-position alpha must not be empty")
-    total, reach = 1.0, 1.0  # reach: probability that drafts 1..i were all accepted
-    for position in range(num_speculative_tokens):
-        reach *= alpha[min(position, len(alpha) - 1)]
-        total += reach
-    return total
 
 
 def mean_committed_tokens(alpha: float | Sequence[float], num_speculative_tokens: float) -> float:

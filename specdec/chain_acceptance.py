@@ -13,6 +13,7 @@ the pass is a Verify round of its own (lossless).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 PRIOR_ALPHA = 0.5
@@ -20,6 +21,29 @@ PRIOR_DRAFTS = 4.0  # the prior's weight, in verified drafts
 # Passes with both sources verify the offered chain until this many of them were verified: a
 # session's offers get a record of their own before the head's can rule them out.
 OFFER_TRIALS = 4
+
+
+def expected_committed_tokens(alpha: float | Sequence[float], num_speculative_tokens: int) -> float:
+    """E(K): expected tokens committed by a round of K drafts.
+
+    `alpha` is one acceptance probability, or per-position ones (alpha[i] for draft i + 1; the
+    last one repeats for later positions).
+    """
+    if num_speculative_tokens < 0:
+        raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+    if isinstance(alpha, (int, float)):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if alpha == 1.0:
+            return float(num_speculative_tokens + 1)
+        return (1.0 - alpha ** (num_speculative_tokens + 1)) / (1.0 - alpha)
+    if not alpha:
+        raise ValueError("per-position alpha must not be empty")
+    total, reach = 1.0, 1.0  # reach: probability that drafts 1..i were all accepted
+    for position in range(num_speculative_tokens):
+        reach *= alpha[min(position, len(alpha) - 1)]
+        total += reach
+    return total
 
 
 @dataclass
@@ -45,11 +69,7 @@ class ChainAcceptance:
 
     def worth(self, drafts: int) -> float:
         """Accepted tokens a chain of `drafts` is expected to give."""
-        alpha, total, term = self.alpha, 0.0, 1.0
-        for _ in range(drafts):
-            term *= alpha
-            total += term
-        return total
+        return expected_committed_tokens(self.alpha, drafts) - 1.0
 
 
 @dataclass
