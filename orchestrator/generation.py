@@ -426,7 +426,7 @@ class Generation:
 
         sent: set[asyncio.Task[None]] = set()
         try:
-            if shadow is None and self.replicas.draft_follows and await self._follow_offers(streamed, send):
+            if shadow is None and await self._follow_offers(streamed, send):
                 return
             await self._offer_call_by_call(streamed, send, shadow)
         finally:
@@ -453,9 +453,11 @@ class Generation:
         of its own between offers. False where the draft turns out not to follow streams (the
         caller offers call by call)."""
         start = list(self.committed)
-        await self.replicas.settle_draft(start)
+        await self.replicas.settle_draft(start)  # the draft's first Prefill may still be on its way
         if not self.replicas.has_draft:
             return True
+        if not self.replicas.draft_follows:
+            return False
 
         def shape() -> tuple[int, int, int, int]:  # drafts, fan-out, drafts per branch, branched outcomes
             drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())

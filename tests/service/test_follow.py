@@ -6,18 +6,26 @@ the session goes on from the last answer as if it had been proposed to."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
+import grpc
 import pytest
 
 import draft_service.server
+import orchestrator.server
 from draft_service.lookup_service import LookupDraftConfig, load_vocabulary
 from orchestrator.clients import DraftClient, RpcTimeouts, open_channel
+from orchestrator.pool import PoolConfig
+from orchestrator.service import OrchestratorConfig
+from specdec.delay_proxy import DelayProxyConfig, start_in_thread
 from specdec.errors import OutOfRange
 from specdec.protocol import DraftedAhead, Proposal
 from specdec.rpc.server import ServerConfig
 from specdec.sampling import SamplingParams
 from specdec.serving import ServiceConfig
+from specdec.v1 import orchestrator_pb2 as pb
 from tests.service.test_drafting_ahead import _after_the_fact
+from tests.stack import SlowPasses, generate, start_draft, start_target
 
 PROMPT = [5, 9, 11, 4, 20, 7]
 GROWTH = [3, 17, 2, 8, 30, 12, 6, 1, 25, 14, 9, 4]  # C's tokens after the prompt, as they "stream"
@@ -154,3 +162,53 @@ def test_a_model_free_draft_does_not_follow_and_its_client_knows(loop_thread, ti
 
     answer, follows = loop_thread.run(run())
     assert answer is None and follows is False
+
+
+class MethodCounter(grpc.aio.ServerInterceptor):
+    """Counts the calls a real server gets, by method name."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    async def intercept_service(self, continuation, handler_call_details):
+        self.calls[(handler_call_details.method or "").rsplit("/", 1)[-1]] += 1
+        return await continuation(handler_call_details)
+
+
+def test_a_streamed_request_is_offered_through_follow_from_its_first_decode(loop_thread, tiny_pair):
+    """The draft's first Prefill is still on its way (30 ms each way) when a streamed request's
+    first Decode starts: its offers still go through one Follow stream per Decode call, no Propose
+    or Speculate, once the draft is there."""
+    counter = MethodCounter()
+
+    async def start():
+        target_server, target = await start_target(tiny_pair.target_dir, replica_id="target-follow")
+        draft_server, _ = await start_draft(tiny_pair.draft_dir, replica_id="draft-follow", interceptors=(counter,))
+        return target_server, target, draft_server
+
+    target_server, target, draft_server = loop_thread.run(start())
+    try:
+        with start_in_thread(DelayProxyConfig(upstream_host="127.0.0.1", upstream_port=draft_server.port,
+                                              one_way_delay_ms=30.0)) as proxy:
+            async def start_orchestrator():
+                config = OrchestratorConfig(draft=f"127.0.0.1:{proxy.port}", target=f"127.0.0.1:{target_server.port}",
+                                            num_speculative_tokens=2, pool=PoolConfig(refresh_seconds=0.5),
+                                            startup_timeout_seconds=60)
+                return await orchestrator.server.start(config, ServerConfig(port=0))
+
+            orchestrator_server, service = loop_thread.run(start_orchestrator())
+            try:
+                speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_FIXED, num_speculative_tokens=2,
+                                                   pipeline=pb.PIPELINE_MODE_STREAM)
+                request = pb.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=24, speculation=speculation)
+                with SlowPasses(target, 0.03):  # a larger model's pace: the Decode outlasts the draft's Prefill
+                    _, _, last = generate(f"127.0.0.1:{orchestrator_server.port}", request)
+                assert last.stats.decode_calls > 0 and last.stats.drafted_tokens == 0  # streamed: no rounds
+            finally:
+                loop_thread.run(service.close())
+                loop_thread.run(orchestrator_server.stop())
+    finally:
+        loop_thread.run(draft_server.stop())
+        loop_thread.run(target_server.stop())
+    assert counter.calls["Follow"] == last.stats.decode_calls, counter.calls
+    assert counter.calls["Propose"] == 0 and counter.calls["Speculate"] == 0, counter.calls
