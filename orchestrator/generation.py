@@ -481,6 +481,7 @@ class Generation:
                 await call.grow(new, *shape())
 
         feeding = asyncio.create_task(feed())
+        reading: asyncio.Future | None = None
         try:
             drafted: DraftOffer | None = None
             while True:
@@ -505,7 +506,9 @@ class Generation:
             log.info("following on the draft failed: %s", error)
             return True
         finally:
-            feeding.cancel()
+            for task in (feeding, reading):
+                if task is not None:
+                    task.cancel()
             call.cancel()
 
     async def _offer_call_by_call(self, streamed: StreamedDrafts, send: Callable[[DraftOffer], None],
