@@ -268,9 +268,9 @@ def _left_pool(address: str) -> grpc.aio.AioRpcError:
 
 class _LeftPoolChannel:
     """Stands in for the channel of a replica that left the pool (duck-typing grpc.aio.Channel for
-    the generated stubs). Prefill, Verify, Propose, Speculate and Info fail with UNAVAILABLE,
-    without a round trip, so a session there is rebuilt elsewhere at its next call. Release still reaches the
-    replica, which frees the caches now if it is up, not at their TTL."""
+    the generated stubs). Prefill, Verify, Propose, Speculate, Follow and Info fail with
+    UNAVAILABLE, without a round trip, so a session there is rebuilt elsewhere at its next call.
+    Release still reaches the replica, which frees the caches now if it is up, not at their TTL."""
 
     def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
         self.address = address
@@ -283,6 +283,9 @@ class _LeftPoolChannel:
 
     def unary_stream(self, method: str, *args, **kwargs):
         return lambda request, **call_kwargs: _UnavailableStream(self.address)  # Speculate
+
+    def stream_stream(self, method: str, *args, **kwargs):
+        return lambda **call_kwargs: _UnavailableStream(self.address)  # Follow
 
     async def close(self, grace: float | None = None) -> None:
         pass  # the pool closes the real channel
@@ -297,12 +300,18 @@ class _Unavailable:
 
 
 class _UnavailableStream:
-    """A server-streaming call to a replica that left the pool: its first read fails."""
+    """A streaming call to a replica that left the pool: its first read or write fails."""
 
     def __init__(self, address: str) -> None:
         self.address = address
 
     async def read(self):
+        raise _left_pool(self.address)
+
+    async def write(self, request) -> None:
+        raise _left_pool(self.address)
+
+    async def done_writing(self) -> None:
         raise _left_pool(self.address)
 
     def cancel(self) -> bool:

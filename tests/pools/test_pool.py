@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from orchestrator.clients import TargetClient
+from orchestrator.clients import DraftClient, TargetClient
 from orchestrator.discovery import Endpoint
 from orchestrator.pool import PoolConfig, ReplicaPool
 from orchestrator.service import OrchestratorConfig, OrchestratorService
@@ -106,6 +106,38 @@ def test_a_replica_that_leaves_hands_its_sessions_over_and_still_gets_their_rele
                 return False
 
             await eventually_async(channel_closed, "the channel of the replica that left to close")
+        finally:
+            await pool.close()
+            await server.stop()
+
+    loop_thread.run(scenario())
+
+
+def test_a_draft_that_leaves_fails_its_sessions_next_call_of_every_kind(loop_thread, tiny_pair):
+    """A draft replica that left the pool: Propose, Speculate and Follow (streamed offers) fail the
+    way a lost replica's do, without a round trip, so its sessions go on elsewhere."""
+    async def scenario():
+        server, _ = await stack.start_draft(tiny_pair.draft_dir, replica_id="leaving-draft")
+        address = f"127.0.0.1:{server.port}"
+        source = ListSource([address])
+        pool = ReplicaPool(DraftClient, source, PoolConfig(refresh_seconds=0.1))
+        try:
+            await pool.refresh()
+            replica = pool.replicas[address]
+            prefill = await replica.client.prefill("session-1", [5, 6, 7], SamplingParams())
+            source.addresses = []
+            await pool.refresh()
+            assert replica.left and not replica.usable
+            with pytest.raises(ReplicaLost, match="left the pool"):
+                await replica.client.propose(prefill.handle, [], 2)
+            with pytest.raises(ReplicaLost, match="left the pool"):
+                await replica.client.speculate(prefill.handle, [], 2, 1, 1).proposal()
+            follow = replica.client.follow(prefill.handle, [], 2)
+            with pytest.raises(ReplicaLost, match="left the pool"):
+                await follow.start()
+            with pytest.raises(ReplicaLost, match="left the pool"):
+                await follow.read()
+            assert await replica.client.release("session-1")
         finally:
             await pool.close()
             await server.stop()
