@@ -212,3 +212,14 @@ def test_a_streamed_request_is_offered_through_follow_from_its_first_decode(loop
         loop_thread.run(target_server.stop())
     assert counter.calls["Follow"] == last.stats.decode_calls, counter.calls
     assert counter.calls["Propose"] == 0 and counter.calls["Speculate"] == 0, counter.calls
+
+
+def test_a_follow_message_that_does_not_parse_is_invalid_argument(stack):
+    """Bytes on the stream that are not a SpeculateRequest end the call with INVALID_ARGUMENT (as
+    any method's malformed request does), not INTERNAL."""
+    with grpc.insecure_channel(stack.draft_address) as channel:
+        follow = channel.stream_stream("/specdec.v1.DraftService/Follow",
+                                       request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(follow(iter([b"\xff\xff\xff\xff"]), timeout=30))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
