@@ -446,6 +446,13 @@ class Generation:
         self._offers_stopped = True
         return True
 
+    def _offer_shape(self, streamed: StreamedDrafts) -> tuple[int, int, int, int]:
+        """The next offer's drafts, fan-out, drafts per branch and branched outcomes (no branches,
+        fan-out 0, where the offer is expected to arrive before C passes its start)."""
+        drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
+        outcomes = streamed.branch_outcomes(drafts)
+        return drafts, (streamed.fanout if outcomes else 0), max(1, drafts - 1), outcomes
+
     async def _follow_offers(self, streamed: StreamedDrafts, send: Callable[[DraftOffer], None]) -> bool:
         """Offers from one Follow stream: C's new tokens go to the draft as they come, and each of
         its answers (a proposal, then its branches) goes to the target as it comes. Neither waits
@@ -459,12 +466,7 @@ class Generation:
         if not self.replicas.draft_follows:
             return False
 
-        def shape() -> tuple[int, int, int, int]:  # drafts, fan-out, drafts per branch, branched outcomes
-            drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
-            outcomes = streamed.branch_outcomes(drafts)
-            return drafts, (streamed.fanout if outcomes else 0), max(1, drafts - 1), outcomes
-
-        call = await self.replicas.follow(start, *shape())
+        call = await self.replicas.follow(start, *self._offer_shape(streamed))
         if call is None:
             return True
         sent_up_to, started = len(start), time.perf_counter()
@@ -478,7 +480,7 @@ class Generation:
                     continue
                 new = self.committed[sent_up_to:]
                 sent_up_to = len(self.committed)
-                await call.grow(new, *shape())
+                await call.grow(new, *self._offer_shape(streamed))
 
         feeding = asyncio.create_task(feed())
         reading: asyncio.Future | None = None
@@ -534,11 +536,10 @@ class Generation:
             await self.replicas.settle_draft(start)
             if not self.replicas.has_draft:
                 return
-            drafts = streamed.drafts_per_offer(self._max_num_speculative_tokens())
-            outcomes = streamed.branch_outcomes(drafts)
+            drafts, fanout, branch_drafts, outcomes = self._offer_shape(streamed)
             call: SpeculateCall | None = None
             if outcomes:
-                answer = await self.replicas.speculate(start, drafts, streamed.fanout, drafts - 1, outcomes)
+                answer = await self.replicas.speculate(start, drafts, fanout, branch_drafts, outcomes)
                 reply, call = answer if answer is not None else (None, None)
             else:
                 reply = await self.replicas.propose(start, drafts)
