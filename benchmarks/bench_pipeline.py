@@ -13,15 +13,15 @@ target), adaptive K without pipelining (pipeline OFF), adaptive K with pipelinin
 controller drafts ahead where it pays), fixed K = 1..4 with pipelining ON (the server's default
 fan-out unless --fanout), and fixed K = 2 streamed (STREAM: no rounds, the target's Decode verifies
 the draft's offered drafts; also over adaptive K without pipelining); greedy and T = 0.7 (seed 1000
-+ the prompt's index, the same for every schedule). Method: for each repetition and each RTT, every
-(schedule, temperature) cell runs on the same prompts in a shuffled order, so a machine that speeds
-up or slows down touches every schedule alike. Tokens/s of a cell = generated tokens / the
-orchestrator's wall time, summed over the prompts; ratios are taken within a repetition (same RTT
-and temperature) and their median over repetitions is reported. Per cell also: τ (committed tokens
-per round), mean K, the share of rounds that drafted ahead, hit rate (pipeline_hits / (hits +
-misses): a round after a pipelined round that found its outcome among the branches), mean fan-out,
-for streamed cells the offered drafts verified and accepted, and for greedy cells whether every
-output equals the target-only output of the same prompt.
++ the prompt's index, the same for every schedule). Method: for each repetition, RTT and prompt,
+one request of every (schedule, temperature) cell in a shuffled order, so a machine that speeds up
+or slows down (this one does, over seconds to minutes) touches every schedule alike. Tokens/s of a
+cell = generated tokens / the orchestrator's wall time, summed over the prompts; ratios are taken
+within a repetition (same RTT and temperature) and their median over repetitions is reported. Per
+cell also: τ (committed tokens per round), mean K, the share of rounds that drafted ahead, hit rate
+(pipeline_hits / (hits + misses): a round after a pipelined round that found its outcome among the
+branches), mean fan-out, for streamed cells the offered drafts verified and accepted, and for
+greedy cells whether every output equals the target-only output of the same prompt.
 
 Predicted hit rate (greedy, fixed K): once the services are stopped, the target and the draft are
 loaded here (the services' dtype) and the draft is run teacher-forced over each prompt plus its
@@ -501,20 +501,24 @@ class Eta:
 
 def sweep(clients: dict, config: BenchConfig, prompts: list, references: list[tuple[int, ...]],
           journal: Path) -> list[dict]:
-    """Every cell of every repetition; each run's record is also appended to `journal` at once."""
+    """Every cell of every repetition, interleaved request by request: for each repetition, RTT
+    and prompt, one request per (schedule, temperature) cell in a shuffled order. The machine's
+    speed drifts over seconds to minutes; a cell run as one block of prompts caught a drift of its
+    own, requests next to each other share it. Each run's record is also appended to `journal`."""
     rng = random.Random(config.seed)
     cells = [(s, t) for s in config.parsed_schedules for t in config.temperatures]
-    total = config.repetitions * len(config.rtts_ms) * len(cells)
-    progress, eta = common.Progress(total), Eta(total)
+    steps = config.repetitions * len(config.rtts_ms) * len(prompts)
+    progress, eta = common.Progress(steps), Eta(steps)
     runs = []
     for repetition in range(1, config.repetitions + 1):
         for rtt_ms in config.rtts_ms:
-            order = list(cells)
-            rng.shuffle(order)
-            for schedule, temperature in order:
+            block: list[dict] = []
+            for index, prompt in enumerate(prompts):
                 started = time.monotonic()
-                cell_runs = []
-                for index, prompt in enumerate(prompts):
+                order = list(cells)
+                rng.shuffle(order)
+                rates = {}
+                for schedule, temperature in order:
                     seed = SAMPLING_SEED + index if temperature > 0 else None
                     request = common.chat_request(prompt.messages, config.max_new_tokens,
                                                   speculation(schedule, config), temperature, seed)
@@ -525,15 +529,21 @@ def sweep(clients: dict, config: BenchConfig, prompts: list, references: list[tu
                         mismatch = common.first_difference(result.token_ids, references[index])
                         record["matches_target_only"] = mismatch is None
                         record["first_mismatch_index"] = mismatch
-                    cell_runs.append(record)
+                    block.append(record)
                     common.append_json_line(journal, record)
-                runs.extend(cell_runs)
-                figures = pooled(cell_runs)
-                hit = "" if figures["hit_rate"] is None else f", hit rate {figures['hit_rate']:.2f}"
-                progress.step(f"rep {repetition} RTT {rtt_ms:>4g} ms {temperature_label(temperature):>6} "
-                              f"{schedule.name:<13}: {figures['tokens_per_second']:6.1f} tok/s, τ "
-                              f"{figures['tau']:.2f}, mean K {figures['mean_k']:.1f}{hit} "
+                    rates[(schedule.name, temperature)] = pooled([record])["tokens_per_second"]
+                shown = ", ".join(f"{name} {temperature_label(t)} {rates[(name, t)]:.1f}"
+                                  for name, t in sorted(rates, key=lambda c: (c[1], c[0])))
+                progress.step(f"rep {repetition} RTT {rtt_ms:>4g} ms {prompt.name}: {shown} tok/s "
                               f"({eta.done(time.monotonic() - started)})")
+            runs.extend(block)
+            for schedule, temperature in cells:
+                figures = pooled([r for r in block
+                                  if r["schedule"] == schedule.name and r["temperature"] == temperature])
+                hit = "" if figures["hit_rate"] is None else f", hit rate {figures['hit_rate']:.2f}"
+                common.note(f"  rep {repetition} RTT {rtt_ms:>4g} ms {temperature_label(temperature):>6} "
+                            f"{schedule.name:<13}: {figures['tokens_per_second']:6.1f} tok/s, τ "
+                            f"{figures['tau']:.2f}, mean K {figures['mean_k']:.1f}{hit}")
     return runs
 
 
