@@ -436,17 +436,18 @@ class AdaptiveKController:
         """K = 0 rounds up to the next probe while the choice is K = 0 (PlainStretches): nothing
         else changes the choice without a round's measurements. 0 while drafting, with a probe
         due, or under pipelining auto when drafting ahead beats those rounds (it may pay where
-        plain drafting does not) or has not been measured yet (PipelineConfig.measured_outcomes).
+        plain drafting does not; until its ranks are measured, against K = 0 priced as Verify
+        rounds, so that it is tried: _ranks_pending).
         shadow: the caller can run a probe beside the stretch; a probe due then does not end
         the stretch but is taken for it (shadow_probe() gives its K)."""
         self._shadow_num_speculative_tokens = 0
         if self._num_speculative_tokens != 0:
             return 0
-        if self._ahead is not None:
-            if self._ranks_pending():
-                return 0  # K = 0 priced as Verify rounds: run as such
-            if self._ahead_pays():
-                return 0
+        if self._ahead is not None and self._ahead_pays():
+            # Drafting ahead beats K = 0 (priced as Verify rounds while the ranks are pending, so
+            # that it is tried; where even so it does not, K = 0 stretches to the next probe,
+            # which drafts ahead and measures a rank).
+            return 0
         if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
             self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
             self._rounds_since_probe = 0
@@ -788,11 +789,14 @@ class AdaptiveKController:
 
     def _ranks_pending(self, verify_round_costs: RoundCosts | None = None) -> bool:
         """Under pipelining auto, whether the draft's candidate ranks are still to be measured
-        (PipelineConfig.measured_outcomes: until then K = 0 is priced and run as Verify rounds, so
-        that drafting ahead is tried) and could make drafting ahead pay: with every round a hit
-        and alpha optimistic (zero_k_optimism posterior sd above the estimate), some K drafted
-        ahead beats K = 0 at its streamed pace. Where even that loses, no ranks would change the
-        choice, so K = 0 runs at its pace from the start. True while the costs are not known."""
+        (PipelineConfig.measured_outcomes: until then K = 0 is priced as Verify rounds, so that
+        drafting ahead is tried) and could make drafting ahead pay: with the ranks at their most
+        hopeful (every round a hit before any drafted-ahead outcome, then the outcomes' hit rates
+        as if the next few were hits too: PipelineController.could_pay) and alpha optimistic
+        (zero_k_optimism posterior sd above the estimate), some K drafted ahead beats K = 0 at its
+        streamed pace. Where even that loses, no ranks (or none the tests so far leave likely)
+        would change the choice, so K = 0 is priced at its pace. True while the costs are not
+        known."""
         if self._ahead is None or self._ahead.ranks_measured:
             return False
         base = verify_round_costs if verify_round_costs is not None else self._verify_round_costs()

@@ -130,21 +130,6 @@ class Coverage(Protocol):
         excluded); 0 at fanout 0."""
 
 
-@dataclass(frozen=True)
-class EveryRoundAHit:
-    """Coverage of a draft whose candidates always hold the target's token (at any fan-out from
-    1): what drafting ahead earns at best, whatever the draft's ranks turn out to be."""
-
-    def c_bonus(self, fanout: int) -> float:
-        return 1.0 if fanout > 0 else 0.0
-
-    def c_corr(self, fanout: int) -> float:
-        return 1.0 if fanout > 0 else 0.0
-
-
-EVERY_ROUND_A_HIT = EveryRoundAHit()
-
-
 class BranchTime(Protocol):
     def seconds(self, rows_per_pass: int, passes: int, t_draft: float) -> float:
         """T_branch: the draft's compute for `passes` passes of `rows_per_pass` rows."""
@@ -470,6 +455,34 @@ class CandidateRanks:
         return self._corr.samples
 
 
+class RankTally:
+    """Drafted-ahead outcomes counted as they came, no prior and no decay: how many, and how many
+    had the target's token within the draft's first f candidates (f = 1..F), bonus and correction
+    apart. hopeful() turns them into coverage curves as if `hoped` more outcomes had come, every
+    one a hit: every round a hit before any outcome (what drafting ahead earns at best, whatever
+    the ranks turn out to be), the counts themselves in the long run."""
+
+    def __init__(self, max_fanout: int) -> None:
+        self.outcomes = 0
+        self._counts = {bonus: [0, [0] * max_fanout] for bonus in (True, False)}
+
+    def add(self, bonus: bool, rank: int | None) -> None:
+        self.outcomes += 1
+        counts = self._counts[bonus]
+        counts[0] += 1
+        hits = counts[1]
+        if rank is not None:
+            for index in range(max(0, rank - 1), len(hits)):
+                hits[index] += 1
+
+    def hopeful(self, hoped: float) -> FixedCoverage:
+        def curve(bonus: bool) -> tuple[float, ...]:
+            seen, hits = self._counts[bonus]
+            return tuple((hit + hoped) / (seen + hoped) for hit in hits)
+
+        return FixedCoverage(curve(True), curve(False))
+
+
 class BranchCost:
     """T_branch(rows, passes) = passes (t0 + t1 (rows - 1)), fitted to the branch calls' reported
     compute per pass by discounted ridge least squares: t0 pulled towards t_draft (a pass of one
@@ -675,17 +688,23 @@ class PipelinePriors:
         self._current = initial if initial is not None else PipelinePriorEstimates()
         self._lock = threading.Lock()
         self._probes: ProbeSchedule | None = None
-        self._outcomes = 0  # drafted-ahead outcomes observed by the pool's sessions
+        self._tally = RankTally(DEFAULT_MAX_FANOUT)  # drafted-ahead outcomes of the pool's sessions
 
-    def add_outcome(self) -> None:
+    def add_outcome(self, bonus: bool = False, rank: int | None = None) -> None:
+        """One drafted-ahead outcome of a session (as CandidateRanks.update)."""
         with self._lock:
-            self._outcomes += 1
+            self._tally.add(bonus, rank)
 
     @property
     def outcomes(self) -> int:
         """Drafted-ahead outcomes (candidate ranks) the pool's sessions have observed."""
         with self._lock:
-            return self._outcomes
+            return self._tally.outcomes
+
+    def hopeful_coverage(self, hoped: float) -> FixedCoverage:
+        """RankTally.hopeful over the pool's outcomes."""
+        with self._lock:
+            return self._tally.hopeful(hoped)
 
     def probes(self, interval: int, max_interval: int) -> ProbeSchedule:
         """The pool's probe schedule (made with the first caller's intervals)."""
@@ -755,8 +774,12 @@ class PipelineConfig:
     # Until then the K controller prices K = 0 as a Verify round, not at its cheaper streamed pace,
     # so that drafting ahead is tried where the prior ranks alone might rule it out: a draft much
     # better than the default pair's is otherwise never found out (probes measure a rank a time).
-    # Not where it could not pay with every round a hit (could_pay): no ranks would change that.
+    # Where drafting ahead does not beat even that, K = 0 still stretches (to its next probe).
+    # Not where it could not pay with every round a hit (could_pay): no ranks would change that;
+    # nor, as the outcomes come in, where it could not pay were the next `hoped_outcomes` all
+    # hits (RankTally.hopeful): a draft whose candidates keep missing is found out in a few rounds.
     measured_outcomes: int = 16
+    hoped_outcomes: float = 4.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -772,6 +795,7 @@ class PipelineConfig:
         check(self.probe_interval_rounds >= 0, "probe_interval_rounds must be >= 0")
         check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
         check(self.measured_outcomes >= 0, "measured_outcomes must be >= 0")
+        check(self.hoped_outcomes > 0.0, "hoped_outcomes must be > 0")
 
 
 class PipelineController:
@@ -804,13 +828,13 @@ class PipelineController:
                         if priors is not None
                         else ProbeSchedule(cfg.probe_interval_rounds, cfg.probe_interval_max_rounds))
         self._probing = False
-        self._outcomes = 0  # this session's drafted-ahead outcomes
+        self._tally = RankTally(cfg.max_fanout)  # this session's drafted-ahead outcomes
 
     @property
     def ranks_measured(self) -> bool:
         """Whether enough drafted-ahead outcomes were observed (by the pool, with priors) for the
         candidate ranks to stand on measurement rather than on the prior curves."""
-        observed = self._priors.outcomes if self._priors is not None else self._outcomes
+        observed = self._priors.outcomes if self._priors is not None else self._tally.outcomes
         return observed >= self._config.measured_outcomes
 
     # -- decisions -------------------------------------------------------------------------------
@@ -855,13 +879,18 @@ class PipelineController:
 
     def could_pay(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
                   max_fanout: int) -> bool:
-        """Whether some K drafted ahead would beat the best plain round (by the margin) were
-        every round a hit and the verify not slowed by the branches: where it would not, no
-        measurement of the draft's candidate ranks can make drafting ahead pay at these costs."""
+        """Whether some K drafted ahead would beat the best plain round (by the margin) with the
+        candidate ranks at their most hopeful (RankTally.hopeful over the pool's outcomes, or
+        this session's without priors: every round a hit before any drafted-ahead outcome, the
+        outcomes' own hit rates ever more as they come in) and the verify not slowed by the
+        branches: where it would not, measuring more ranks is not worth its rounds at these
+        costs."""
         cfg = self._config
         max_fanout = max(0, min(max_fanout, cfg.max_fanout))
-        times = pipeline_times(alpha, costs, max(0, max_num_speculative_tokens), max_fanout, EVERY_ROUND_A_HIT,
-                               self.branch_cost, 1.0, miss_branch_hop=cfg.miss_branch_hop)
+        tally = self._priors.hopeful_coverage if self._priors is not None else self._tally.hopeful
+        times = pipeline_times(alpha, costs, max(0, max_num_speculative_tokens), max_fanout,
+                               tally(cfg.hoped_outcomes), self.branch_cost, 1.0,
+                               miss_branch_hop=cfg.miss_branch_hop)
         return choose_from_table(times, cfg.margin, cfg.fanout_tolerance)[1] > 0
 
     def _best(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
@@ -905,9 +934,9 @@ class PipelineController:
         draft excluded), None if not among them; `candidates` how many were returned; `fanout` the
         round's fan-out (a hit iff rank <= fanout)."""
         self.ranks.update(bonus, rank, candidates)
-        self._outcomes += 1
+        self._tally.add(bonus, rank)
         if self._priors is not None:
-            self._priors.add_outcome()
+            self._priors.add_outcome(bonus, rank)
         if fanout > 0:
             self._observed_hits.update(1.0 if rank is not None and rank <= fanout else 0.0,
                                        self.ranks.bonus_samples + self.ranks.corr_samples)

@@ -29,6 +29,7 @@ from orchestrator.pipeline_policy import (
     PipelineController,
     PipelinePriorEstimates,
     PipelinePriors,
+    RankTally,
     VerifySlowdown,
     best_pipeline,
     branch_passes,
@@ -610,3 +611,36 @@ def test_controller_hysteresis_keeps_a_choice_that_stays_close() -> None:
     steady, eager = sweep(0.03), sweep(0.0)
     assert switches(eager) == 39  # (0, 0), (3, 1), (0, 0), ...
     assert switches(steady) == 0
+
+
+def test_rank_tally_hopes_for_every_round_a_hit_until_the_outcomes_say_otherwise() -> None:
+    tally = RankTally(3)
+    assert tally.hopeful(4.0).c_bonus(1) == 1.0 and tally.hopeful(4.0).c_corr(3) == 1.0
+    for rank in (None, None, 2, None):  # corrections: one within 2 candidates
+        tally.add(False, rank)
+    tally.add(True, 1)
+    hopeful = tally.hopeful(4.0)
+    assert tally.outcomes == 5
+    assert hopeful.c_corr(1) == pytest.approx(4 / 8)
+    assert hopeful.c_corr(2) == hopeful.c_corr(3) == pytest.approx(5 / 8)
+    assert hopeful.c_bonus(1) == pytest.approx(1.0)
+    assert hopeful.c_corr(0) == 0.0
+
+
+def test_could_pay_turns_on_the_pools_outcomes() -> None:
+    """Every round a hit would make drafting ahead pay here; outcomes whose candidates all missed
+    say it will not (long before the ranks count as measured), outcomes that hit keep it open,
+    and a pool's sessions judge by the outcomes of all of them."""
+    from tests.unit.test_k_plain_stretches import draft_hop_world
+
+    costs, alpha = draft_hop_world().costs(), 0.6
+    misses = 6
+    assert misses < PipelineConfig().measured_outcomes
+    assert PipelineController().could_pay(alpha, costs, MAX_K, 3)
+    for rank, expected in ((None, False), (1, True)):
+        priors = PipelinePriors()
+        tested = PipelineController(priors=priors)
+        for _ in range(misses):
+            tested.observe_outcome(False, rank, 8, 3)
+        assert tested.could_pay(alpha, costs, MAX_K, 3) is expected
+        assert PipelineController(priors=priors).could_pay(alpha, costs, MAX_K, 3) is expected
