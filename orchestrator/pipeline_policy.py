@@ -464,21 +464,20 @@ class RankTally:
 
     def __init__(self, max_fanout: int) -> None:
         self.outcomes = 0
-        self._counts = {bonus: [0, [0] * max_fanout] for bonus in (True, False)}
+        self._seen = {True: 0, False: 0}  # by bonus
+        self._hits = {True: [0] * max_fanout, False: [0] * max_fanout}  # [f - 1]: rank <= f
 
     def add(self, bonus: bool, rank: int | None) -> None:
         self.outcomes += 1
-        counts = self._counts[bonus]
-        counts[0] += 1
-        hits = counts[1]
+        self._seen[bonus] += 1
+        hits = self._hits[bonus]
         if rank is not None:
             for index in range(max(0, rank - 1), len(hits)):
                 hits[index] += 1
 
     def hopeful(self, hoped: float) -> FixedCoverage:
         def curve(bonus: bool) -> tuple[float, ...]:
-            seen, hits = self._counts[bonus]
-            return tuple((hit + hoped) / (seen + hoped) for hit in hits)
+            return tuple((hit + hoped) / (self._seen[bonus] + hoped) for hit in self._hits[bonus])
 
         return FixedCoverage(curve(True), curve(False))
 
