@@ -220,8 +220,9 @@ class VerifyOutcome:
 @dataclass(frozen=True)
 class DecodedToken:
     """One token of a Decode: under sampling with the probability p(token) it had in the target's
-    distribution it was drawn from (temperature, top-k and top-p applied); None when greedy. Beside
-    a draft's q~ at the same position, min(1, q~(token) / p(token)) averages to sum(min(p, q~)):
+    distribution at its position (temperature, top-k and top-p applied), whether its pass drew it
+    or accepted it as a draft (either way it is distributed as p); None when greedy. Beside a
+    draft's q~ at the same position, min(1, q~(token) / p(token)) averages to sum(min(p, q~)):
     how often a draft there would be accepted."""
 
     token_id: int

@@ -166,9 +166,9 @@ class TargetEngine:
         model's, at the max context, or once stopped() (checked before each step).
 
         offered() is the session's latest DraftOffer (streamed speculation): where it holds drafts
-        after C as it is now, the step verifies them as a Verify round would (the round's tokens,
-        without their p, each emitted), so the tokens are the same greedy and distributed the same
-        sampled; a round stops short of max_tokens and the max context. tally counts them.
+        after C as it is now, the step verifies them as a Verify round would (the round's tokens
+        each emitted, with its p at its row), so the tokens are the same greedy and distributed the
+        same sampled; a round stops short of max_tokens and the max context. tally counts them.
 
         lookup: a step with no offered drafts verifies, in the same way, tokens looked up in C
         itself (_looked_up); looked_up counts them. Where the lookup finds none either and the
@@ -215,10 +215,10 @@ class TargetEngine:
             elif source is not None:
                 chain = state.sources.offered if source == _OFFERED else state.sources.head
                 chain.observe(len(proposal.token_ids), outcome.num_accepted)
-            probability = None
-            if target_probs is not None and not proposal.token_ids:  # a round without drafts draws its token from p
-                probability = float(target_probs[0, round_ids[0]] / target_probs[0].sum())
-            for token_id in round_ids:
+            for row, token_id in enumerate(round_ids):
+                # p(y) at the token's own row: whether drafted or drawn there, y is distributed as p
+                probability = (None if target_probs is None
+                               else float(target_probs[row, token_id] / target_probs[row].sum()))
                 token = DecodedToken(token_id, probability)
                 tokens.append(token)
                 known.append(token_id)

@@ -15,7 +15,7 @@ import torch
 from orchestrator.clients import DecodeStep, RpcTimeouts, TargetClient, open_channel
 from specdec.errors import InvalidInput
 from specdec.models import ModelConfig, load_model
-from specdec.protocol import Proposal, SamplingParams
+from specdec.protocol import DraftOffer, DraftTally, Proposal, SamplingParams, SparseDistribution
 from specdec.ragged import run_alone
 from specdec.sampling import process_logits
 from specdec.v1 import orchestrator_pb2 as pb
@@ -143,22 +143,41 @@ def test_decode_stops_after_an_end_of_sequence_token(tiny_pair):
 def test_a_sampled_decode_gives_each_token_its_probability_under_the_request_sampling(tiny_pair):
     """p(y) of each decoded token is its probability in the target's processed distribution at
     that position (temperature, top-k, top-p), as a full forward pass over the prefix gives it:
-    a probe beside a stretch divides the draft's q~(y) by it."""
+    a probe beside a stretch divides the draft's q~(y) by it. So too for the tokens of passes that
+    verified offered drafts, accepted drafts and the token after them alike (the offers here: the
+    target's own most likely next two tokens, one-hot)."""
     loaded = load_model(ModelConfig(str(tiny_pair.target_dir), "target", dtype="float64"))
     engine = TargetEngine(dataclasses.replace(loaded, eos_token_ids=()), 8)
-    for sampling in (SamplingParams(temperature=0.9, top_p=0.95, seed=11),
-                     SamplingParams(temperature=1.3, top_k=5, seed=4),
-                     SamplingParams(temperature=0.0)):
+
+    def distribution(prefix: list[int], sampling: SamplingParams) -> torch.Tensor:
+        with torch.no_grad():
+            return process_logits(loaded.model(torch.tensor([prefix])).logits[0, -1], sampling)
+
+    for sampling, offers in ((SamplingParams(temperature=0.9, top_p=0.95, seed=11), False),
+                             (SamplingParams(temperature=1.3, top_k=5, seed=4), False),
+                             (SamplingParams(temperature=0.2, seed=5), True),
+                             (SamplingParams(temperature=0.0), False)):
         state, first = run_alone(loaded.model, engine.prefill(PROMPT, sampling, resume=False))
-        decoded = run_alone(loaded.model, engine.decode(state, 8))
+
+        def offer() -> DraftOffer:  # from C as it is at the pass
+            committed = [*PROMPT, *state.tokens[len(PROMPT):]]
+            drafts: list[int] = []
+            for _ in range(2):
+                drafts.append(int(distribution([*committed, *drafts], sampling).argmax()))
+            return DraftOffer(len(committed), Proposal(tuple(drafts), tuple(
+                SparseDistribution((token,), (1.0,)) for token in drafts)), 2)
+
+        tally = DraftTally()
+        decoded = run_alone(loaded.model, engine.decode(state, 12, offered=offer if offers else lambda: None,
+                                                        tally=tally))
+        if offers:  # passes that verified drafts, some accepted, some not
+            assert tally.passes > 0 and 0 < tally.accepted < tally.drafts, tally
         prefix = [*PROMPT, first]
         for token in decoded:
             if sampling.greedy:
                 assert token.probability is None
             else:
-                with torch.no_grad():
-                    logits = loaded.model(torch.tensor([prefix])).logits[0, -1]
-                expected = process_logits(logits, sampling)[token.token_id].item()
+                expected = distribution(prefix, sampling)[token.token_id].item()
                 assert expected > 0 and token.probability == pytest.approx(expected, rel=1e-9)
             prefix.append(token.token_id)
 

@@ -231,3 +231,27 @@ def test_adaptive_decode_calls_verify_the_heads_drafts_through_the_services(loop
     accepted = sum(stats.decode_head_accepted for _, stats in adaptive)
     assert passes > 0 and 0 < accepted <= drafts, (passes, drafts, accepted)
     assert all(stats.decode_head_passes == 0 for _, stats in off)
+
+
+def test_sampled_probes_run_beside_stretches_whose_passes_verify_the_heads_drafts(loop_thread, tiny_pair, head_dir):
+    """An adaptive sampled request against a far draft settles at K = 0 and decodes in stretches
+    whose passes verify the target's head's drafts. Each of their tokens still comes with its p(y)
+    (accepted drafts and the token after them too), so the probes still run beside the stretches
+    and measure the far draft, instead of interrupting them as rounds."""
+    from orchestrator.k_policy import Speculation
+    from tests.service.test_lookup_drafts import start_lookup_stack
+    from tests.service.test_plain_stretches import PROMPT
+
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model",
+                                                 draft_head=str(head_dir)))
+    try:
+        runs = [loop_thread.run(_generate(running.service, PROMPT, SamplingParams(temperature=0.3, seed=seed),
+                                          speculation=Speculation(mode="adaptive"), max_new_tokens=160))
+                for seed in range(4)]
+    finally:
+        loop_thread.run(running.stop())
+    assert all(len(tokens) == stats.generated_tokens for tokens, stats in runs)
+    decoded = sum(stats.decoded_tokens for _, stats in runs)
+    assert decoded >= 96, decoded
+    assert sum(stats.decode_head_accepted for _, stats in runs) > 0
+    assert sum(stats.shadow_probes for _, stats in runs) >= 2, [stats.shadow_probes for _, stats in runs]
