@@ -155,6 +155,9 @@ def default_schedules(ks: tuple[int, ...]) -> str:
 @dataclass(frozen=True)
 class BenchConfig:
     rtts_ms: tuple[float, ...]
+    # The target hop's RTT whatever --rtts says (which then sets the draft hop's alone): an
+    # orchestrator beside the target, the draft far away. None: --rtts on each hop.
+    target_rtt_ms: float | None
     schedules: tuple[str, ...]
     repetitions: int
     prompt_set: str
@@ -188,6 +191,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.rtts_ms or min(self.rtts_ms) < 0:
             raise ValueError("--rtts: one or more RTTs >= 0 (ms)")
+        if self.target_rtt_ms is not None and self.target_rtt_ms < 0:
+            raise ValueError("--target-rtt-ms must be >= 0")
         if self.repetitions < 1 or self.max_new_tokens < 2 or self.prompts < 1:
             raise ValueError("--repetitions >= 1, --prompts >= 1 and --max-new-tokens >= 2")
         if not self.temperatures or min(self.temperatures) < 0:
@@ -206,6 +211,10 @@ class BenchConfig:
         if self.threads < 1 or any(v is not None and v < 1 for v in (self.adaptive_max_k, self.fanout)):
             raise ValueError("--threads, --adaptive-max-k and --fanout must be >= 1")
 
+    def target_hop_ms(self, rtt_ms: float) -> float:
+        """The target hop's RTT in the row of RTT rtt_ms."""
+        return rtt_ms if self.target_rtt_ms is None else self.target_rtt_ms
+
     @property
     def parsed_schedules(self) -> tuple[Schedule, ...]:
         return tuple(parse_schedule(s) for s in self.schedules)
@@ -223,6 +232,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
                         help="a short CI preset: RTT 0,10; 1 repetition; 2 prompts; 16 tokens; without "
                              "--target/--draft a tiny random-weight pair built here (float64)")
     parser.add_argument("--rtts", help=f"round-trip times in ms, each hop (default {FULL['rtts']})")
+    parser.add_argument("--target-rtt-ms", type=float, default=None,
+                        help="the orchestrator-target hop's RTT in ms, the same in every row; --rtts then "
+                             "sets the draft hop's alone (an orchestrator beside the target, the draft "
+                             "far away)")
     parser.add_argument("--ks", help=f"fixed K of the pipelined fixed-K schedules (default {FULL['ks']})")
     parser.add_argument("--schedules",
                         help="instead of the default list (off, adaptive/off, adaptive/auto, k=N/on for "
@@ -292,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     try:
         ks = tuple(int(x) for x in common.comma_items(pick("ks")))
         return BenchConfig(
-            rtts_ms=tuple(float(x) for x in common.comma_items(pick("rtts"))),
+            rtts_ms=tuple(float(x) for x in common.comma_items(pick("rtts"))), target_rtt_ms=args.target_rtt_ms,
             schedules=tuple(parse_schedule(s).name for s in common.comma_items(args.schedules or default_schedules(ks))),
             repetitions=int(pick("repetitions")), prompt_set=args.prompt_set, prompts=int(pick("prompts")),
             prompt_names=tuple(common.comma_items(args.prompt_names)), max_new_tokens=int(pick("max_new_tokens")),
@@ -403,8 +416,9 @@ def start_stack(stack: ExitStack, config: BenchConfig) -> tuple[dict[float, str]
     common.note(f"starting the target (CPUs {config.target_cpus or 'any'}) and the draft (CPUs "
                 f"{config.draft_cpus or 'any'}), {config.threads} torch thread(s) each...")
     target, draft = common.start_services(stack, models)
-    upstreams = [tuple(common.delayed_address(stack, service.address, rtt_ms / 2.0, config.jitter_ms)
-                       for service in (target, draft)) for rtt_ms in config.rtts_ms]
+    upstreams = [tuple(common.delayed_address(stack, service.address, hop_ms / 2.0, config.jitter_ms)
+                       for service, hop_ms in ((target, config.target_hop_ms(rtt_ms)), (draft, rtt_ms)))
+                 for rtt_ms in config.rtts_ms]
     common.note(f"starting {len(upstreams)} orchestrator(s), one per RTT, each through its own proxies...")
     extra = ["--max-num-speculative-tokens", str(config.max_k)] if config.max_k > SERVERS_MAX_K else []
     if config.orchestrator_cpus:
@@ -848,7 +862,10 @@ def describe(summary: dict, config: BenchConfig, prompts: list, placements: dict
     lines = [
         (f"Tokens/s, median (min–max) over {config.repetitions} repetition(s); target {config.target}, draft "
          f"{config.draft}, dtype {config.dtype}; {len(prompts)} prompt(s) ({', '.join(p.name for p in prompts)}) "
-         f"x <= {config.max_new_tokens} new tokens per cell; RTT = 2 x one-way proxy delay on each hop."),
+         f"x <= {config.max_new_tokens} new tokens per cell; RTT = 2 x one-way proxy delay "
+         + ("on each hop." if config.target_rtt_ms is None else
+            f"on the draft hop; the target hop's {config.target_rtt_ms:g} ms in every row (the orchestrator "
+            f"beside the target).")),
         (f"Pinned: {pins or 'no'}; {config.threads} torch thread(s) per model service; pipelined requests' "
          f"fan-out: {config.fanout or 'the server default'}."),
         ("τ: committed tokens per round (streamed: per target pass); drafted ahead: share of rounds "
