@@ -158,6 +158,9 @@ class BenchConfig:
     # The target hop's RTT whatever --rtts says (which then sets the draft hop's alone): an
     # orchestrator beside the target, the draft far away. None: --rtts on each hop.
     target_rtt_ms: float | None
+    # One orchestrator per (RTT, schedule), each with pool estimates of its own (what a deployment
+    # running that schedule alone would learn), instead of one per RTT shared by every schedule.
+    orchestrator_per_schedule: bool
     schedules: tuple[str, ...]
     repetitions: int
     prompt_set: str
@@ -236,6 +239,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
                         help="the orchestrator-target hop's RTT in ms, the same in every row; --rtts then "
                              "sets the draft hop's alone (an orchestrator beside the target, the draft "
                              "far away)")
+    parser.add_argument("--orchestrator-per-schedule", action="store_true",
+                        help="one orchestrator per RTT and schedule, so that no schedule's requests teach "
+                             "another's controllers (the pool's acceptance and rank estimates); default: "
+                             "one per RTT")
     parser.add_argument("--ks", help=f"fixed K of the pipelined fixed-K schedules (default {FULL['ks']})")
     parser.add_argument("--schedules",
                         help="instead of the default list (off, adaptive/off, adaptive/auto, k=N/on for "
@@ -306,6 +313,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         ks = tuple(int(x) for x in common.comma_items(pick("ks")))
         return BenchConfig(
             rtts_ms=tuple(float(x) for x in common.comma_items(pick("rtts"))), target_rtt_ms=args.target_rtt_ms,
+            orchestrator_per_schedule=args.orchestrator_per_schedule,
             schedules=tuple(parse_schedule(s).name for s in common.comma_items(args.schedules or default_schedules(ks))),
             repetitions=int(pick("repetitions")), prompt_set=args.prompt_set, prompts=int(pick("prompts")),
             prompt_names=tuple(common.comma_items(args.prompt_names)), max_new_tokens=int(pick("max_new_tokens")),
@@ -392,9 +400,10 @@ def build_tiny_pair(directory: Path) -> tuple[str, str]:
 # Running
 
 
-def start_stack(stack: ExitStack, config: BenchConfig) -> tuple[dict[float, str], dict]:
-    """Pinned model services, then per RTT two proxies and an orchestrator; returns RTT -> the
-    orchestrator's address, and what each service process runs on."""
+def start_stack(stack: ExitStack, config: BenchConfig) -> tuple[dict[tuple[float, str], str], dict]:
+    """Pinned model services, then per RTT two proxies and an orchestrator (per RTT and schedule
+    with --orchestrator-per-schedule, all of an RTT's through its two proxies); returns (RTT,
+    schedule name) -> the orchestrator's address, and what each service process runs on."""
     common.prepare_default_models(config)
     env = common.service_env()
     if config.emulated_perturbation:
@@ -416,20 +425,27 @@ def start_stack(stack: ExitStack, config: BenchConfig) -> tuple[dict[float, str]
     common.note(f"starting the target (CPUs {config.target_cpus or 'any'}) and the draft (CPUs "
                 f"{config.draft_cpus or 'any'}), {config.threads} torch thread(s) each...")
     target, draft = common.start_services(stack, models)
-    upstreams = [tuple(common.delayed_address(stack, service.address, hop_ms / 2.0, config.jitter_ms)
-                       for service, hop_ms in ((target, config.target_hop_ms(rtt_ms)), (draft, rtt_ms)))
-                 for rtt_ms in config.rtts_ms]
-    common.note(f"starting {len(upstreams)} orchestrator(s), one per RTT, each through its own proxies...")
+    upstreams = {rtt_ms: tuple(common.delayed_address(stack, service.address, hop_ms / 2.0, config.jitter_ms)
+                               for service, hop_ms in ((target, config.target_hop_ms(rtt_ms)), (draft, rtt_ms)))
+                 for rtt_ms in config.rtts_ms}
+    names = [s.name for s in config.parsed_schedules]
+    groups = ([(rtt_ms, (name,)) for rtt_ms in config.rtts_ms for name in names] if config.orchestrator_per_schedule
+              else [(rtt_ms, tuple(names)) for rtt_ms in config.rtts_ms])
+    common.note(f"starting {len(groups)} orchestrator(s), one per RTT"
+                f"{' and schedule' if config.orchestrator_per_schedule else ''}, each RTT's through its own proxies...")
     extra = ["--max-num-speculative-tokens", str(config.max_k)] if config.max_k > SERVERS_MAX_K else []
     if config.orchestrator_cpus:
         extra += ["--cpus", config.orchestrator_cpus]
-    orchestrators = common.start_orchestrators(stack, upstreams, extra)
-    addresses = {rtt_ms: o.address for rtt_ms, o in zip(config.rtts_ms, orchestrators)}
-    for rtt_ms, (via_target, via_draft) in zip(config.rtts_ms, upstreams):
-        common.note(f"  RTT {rtt_ms:g} ms: orchestrator {addresses[rtt_ms]} (target via {via_target}, "
+    orchestrators = common.start_orchestrators(stack, [upstreams[rtt_ms] for rtt_ms, _ in groups], extra)
+    addresses = {(rtt_ms, name): o.address for (rtt_ms, group), o in zip(groups, orchestrators) for name in group}
+    for (rtt_ms, group), o in zip(groups, orchestrators):
+        via_target, via_draft = upstreams[rtt_ms]
+        shown = "" if not config.orchestrator_per_schedule else f", {group[0]}"
+        common.note(f"  RTT {rtt_ms:g} ms{shown}: orchestrator {o.address} (target via {via_target}, "
                     f"draft via {via_draft})")
     processes = {"target": target, "draft": draft,
-                 **{f"orchestrator (RTT {r:g} ms)": o for r, o in zip(config.rtts_ms, orchestrators)}}
+                 **{f"orchestrator (RTT {rtt_ms:g} ms{'' if len(group) > 1 else ', ' + group[0]})": o
+                    for (rtt_ms, group), o in zip(groups, orchestrators)}}
     return addresses, {name: placement(service.process.pid) for name, service in processes.items()}
 
 
@@ -450,13 +466,13 @@ def placement(pid: int) -> dict:
 
 
 def warm_up_and_reference(clients: dict, config: BenchConfig, prompts: list) -> list[common.GenerateResult]:
-    """One short untimed request per schedule and orchestrator (connections, first passes, the
-    controllers' first rounds), then the target-only greedy output of each prompt through the
-    lowest-RTT orchestrator, which every greedy run must reproduce."""
-    for client in clients.values():
-        for schedule in config.parsed_schedules:
-            client.generate(common.chat_request(prompts[0].messages, 6, speculation(schedule, config)))
-    reference_client = clients[min(clients)]
+    """One short untimed request per RTT and schedule, each through the orchestrator that runs it
+    (connections, first passes, the controllers' first rounds), then the target-only greedy output
+    of each prompt at the lowest RTT, which every greedy run must reproduce. clients: (RTT,
+    schedule name) -> its orchestrator's client."""
+    for (_, name), client in clients.items():
+        client.generate(common.chat_request(prompts[0].messages, 6, speculation(parse_schedule(name), config)))
+    reference_client = clients[(min(config.rtts_ms), OFF)]
     off = speculation(parse_schedule(OFF), config)
     return [reference_client.generate(common.chat_request(p.messages, config.max_new_tokens, off))
             for p in prompts]
@@ -536,7 +552,7 @@ def sweep(clients: dict, config: BenchConfig, prompts: list, references: list[tu
                     seed = SAMPLING_SEED + index if temperature > 0 else None
                     request = common.chat_request(prompt.messages, config.max_new_tokens,
                                                   speculation(schedule, config), temperature, seed)
-                    result = clients[rtt_ms].generate(request)
+                    result = clients[(rtt_ms, schedule.name)].generate(request)
                     record = run_record(result, repetition=repetition, rtt_ms=rtt_ms, schedule=schedule.name,
                                         temperature=temperature, prompt=prompt.name)
                     if temperature == 0:
@@ -905,7 +921,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{config.draft_pass_seconds} s (fixed, per row)")
         with ExitStack() as services:
             addresses, placements = start_stack(services, config)
-            clients = {rtt: services.enter_context(common.OrchestratorClient(a)) for rtt, a in addresses.items()}
+            by_address = {a: services.enter_context(common.OrchestratorClient(a)) for a in set(addresses.values())}
+            clients = {key: by_address[a] for key, a in addresses.items()}
             common.note("warm-up and target-only references...")
             references = warm_up_and_reference(clients, config, prompts)
             journal = config.out / f"pipeline-{config.name}.runs.jsonl"  # removed once the results are written
