@@ -789,14 +789,14 @@ class AdaptiveKController:
 
     def _ranks_pending(self, verify_round_costs: RoundCosts | None = None) -> bool:
         """Under pipelining auto, whether the draft's candidate ranks are still to be measured
-        (PipelineConfig.measured_outcomes: until then K = 0 is priced as Verify rounds, so that
-        drafting ahead is tried) and could make drafting ahead pay: with the ranks at their most
-        hopeful (every round a hit before any drafted-ahead outcome, then the outcomes' hit rates
-        as if the next few were hits too: PipelineController.could_pay) and alpha optimistic
-        (zero_k_optimism posterior sd above the estimate), some K drafted ahead beats K = 0 at its
-        streamed pace. Where even that loses, no ranks (or none the tests so far leave likely)
-        would change the choice, so K = 0 is priced at its pace. True while the costs are not
-        known."""
+        (PipelineConfig.measured_outcomes: until then K = 0 is priced as Verify rounds and the
+        ranks read at their most hopeful, so that drafting ahead is tried) and could make drafting
+        ahead pay: with the ranks at their most hopeful (every round a hit before any
+        drafted-ahead outcome, then the outcomes' hit rates as if the next few were hits too:
+        PipelineController.could_pay) and alpha optimistic (zero_k_optimism posterior sd above
+        the estimate), some K drafted ahead beats K = 0 at its streamed pace. Where even that
+        loses, no ranks (or none the tests so far leave likely) would change the choice, so K = 0
+        is priced at its pace. True while the costs are not known."""
         if self._ahead is None or self._ahead.ranks_measured:
             return False
         base = verify_round_costs if verify_round_costs is not None else self._verify_round_costs()

@@ -770,13 +770,14 @@ class PipelineConfig:
     probe_interval_rounds: int = 32
     probe_interval_max_rounds: int = 512
     # Drafted-ahead outcomes (pool-wide with priors) before the candidate ranks count as measured.
-    # Until then the K controller prices K = 0 as a Verify round, not at its cheaper streamed pace,
-    # so that drafting ahead is tried where the prior ranks alone might rule it out: a draft much
-    # better than the default pair's is otherwise never found out (probes measure a rank a time).
-    # Where drafting ahead does not beat even that, K = 0 still stretches (to its next probe).
-    # Not where it could not pay with every round a hit (could_pay): no ranks would change that;
-    # nor, as the outcomes come in, where it could not pay were the next `hoped_outcomes` all
-    # hits (RankTally.hopeful): a draft whose candidates keep missing is found out in a few rounds.
+    # Until then decisions read the ranks at their most hopeful (RankTally.hopeful: the outcomes
+    # so far as if the next `hoped_outcomes` were all hits; every round a hit before the first),
+    # and the K controller prices K = 0 as a Verify round, not at its cheaper streamed pace: the
+    # prior ranks (the default pair's) and a K = 0 measured by a few probes would rule drafting
+    # ahead out against cheap stretches, and a draft much better than the default pair's would
+    # never be found out (probes measure a rank a time). Where drafting ahead does not beat even
+    # that, K = 0 still stretches (to its next probe). Not where it could not pay with the ranks
+    # so hoped for (could_pay): a draft whose candidates keep missing is found out in a few rounds.
     measured_outcomes: int = 16
     hoped_outcomes: float = 4.0
 
@@ -840,11 +841,25 @@ class PipelineController:
 
     def times(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
               max_fanout: int) -> list[list[float]]:
-        """times[K][f] from the current estimates (for a caller that decides itself)."""
+        """times[K][f] from the current estimates, the candidate ranks as decisions read them
+        (_decided_coverage)."""
         max_fanout = max(0, min(max_fanout, self._config.max_fanout))
-        return pipeline_times(alpha, costs, max(0, max_num_speculative_tokens), max_fanout, self.ranks,
-                              self.branch_cost, self.slowdown.value,
+        return pipeline_times(alpha, costs, max(0, max_num_speculative_tokens), max_fanout,
+                              self._decided_coverage(), self.branch_cost, self.slowdown.value,
                               miss_branch_hop=self._config.miss_branch_hop)
+
+    def _decided_coverage(self) -> Coverage:
+        """The candidate ranks decisions read: measured (CandidateRanks) once ranks_measured; until
+        then the drafted-ahead outcomes so far at their most hopeful (RankTally.hopeful, the
+        pool's with priors): every round a hit before the first outcome, so that drafting ahead
+        is tried wherever it could pay, less so with every outcome that misses. Prior ranks (the
+        default pair's, or a pool's that drafted ahead a few times) would rule drafting ahead
+        out for a much better draft, which would then never be measured."""
+        if self.ranks_measured:
+            return self.ranks
+        if self._priors is not None:
+            return self._priors.hopeful_coverage(self._config.hoped_outcomes)
+        return self._tally.hopeful(self._config.hoped_outcomes)
 
     def choose(self, alpha: float | Sequence[float], costs: RoundCosts, max_num_speculative_tokens: int,
                max_fanout: int) -> tuple[int, int]:

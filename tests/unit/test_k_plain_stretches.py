@@ -95,18 +95,13 @@ def test_pipelining_auto_stretches_where_drafting_ahead_does_not_pay_either() ->
     assert controller.plain_rounds() > 0
 
 
-def promising_ranks() -> PipelinePriors:
-    """A pool whose prior ranks promise a hit on most rounds, none of them measured yet."""
-    curve = (0.6, 0.7, 0.75)
-    return PipelinePriors(initial=PipelinePriorEstimates(c_bonus=curve, c_corr=curve))
-
-
-def test_pipelining_auto_prices_k0_as_verify_rounds_before_drafting_ahead_is_measured() -> None:
-    """Until the pool has seen enough drafted-ahead outcomes, K = 0 is priced as Verify rounds:
-    the prior ranks alone must not rule drafting ahead out against cheap stretches, so it is
-    tried where it beats a Verify round; once measured (at those ranks) a stretch beats it."""
+def test_pipelining_auto_tries_drafting_ahead_at_hopeful_ranks_until_they_are_measured() -> None:
+    """Until the pool has seen enough drafted-ahead outcomes, drafting ahead is weighed at the
+    ranks the outcomes so far leave most hopeful (before the first: every round a hit), not at
+    the prior ranks: those (the default pair's) alone would rule it out, and a much better draft
+    would never be found out. Measured at those ranks, a stretch wins."""
     world = draft_hop_world()
-    priors = promising_ranks()
+    priors = PipelinePriors()
     controller = auto_controller(priors)
     play(controller, SimulatedServices(1), world, 200)
     assert controller.estimates()["num_speculative_tokens"] == 0  # plain drafting does not pay
@@ -116,24 +111,6 @@ def test_pipelining_auto_prices_k0_as_verify_rounds_before_drafting_ahead_is_mea
     assert controller.plain_rounds() > 0
 
 
-def test_pipelining_auto_stretches_to_its_probes_where_drafting_ahead_loses_to_verify_rounds_too() -> None:
-    """Where drafting ahead does not beat even K = 0 priced as Verify rounds (the default pair's
-    prior ranks), K = 0 stretches before the ranks are measured: Verify rounds would pay the
-    target's hop on every token and measure nothing more. The probe at the stretch's end drafts
-    ahead at fan-out 1, and measures a rank."""
-    world = draft_hop_world()
-    priors = PipelinePriors()
-    controller = auto_controller(priors)
-    play(controller, SimulatedServices(1), world, 200)
-    assert priors.outcomes < PipelineConfig().measured_outcomes  # play() drafts no branches
-    stretch = controller.plain_rounds()
-    assert stretch > 0
-    controller.observe_plain(stretch, world.plain_pace(stretch))
-    assert controller.plain_rounds() == 0  # the probe is due
-    assert controller.choose(K_MAX) == KControllerConfig().probe_num_speculative_tokens
-    assert controller.planned_fanout == 1
-
-
 def test_pipelining_auto_stops_testing_a_draft_whose_candidates_keep_missing() -> None:
     """The drafted-ahead tests end early where their outcomes rule drafting ahead out: with the
     candidates missing on every test so far, K = 0 is priced at its stretched pace (and stretches)
@@ -141,7 +118,7 @@ def test_pipelining_auto_stops_testing_a_draft_whose_candidates_keep_missing() -
     world = draft_hop_world()
 
     def after_tests(rank: int | None) -> AdaptiveKController:
-        priors = promising_ranks()
+        priors = PipelinePriors()
         controller = auto_controller(priors)
         play(controller, SimulatedServices(1), world, 100)
         for _ in range(6):
@@ -175,7 +152,7 @@ def test_pipelining_auto_stretches_unmeasured_where_no_ranks_could_make_drafting
     assert controller.estimates()["num_speculative_tokens"] == 0
     assert controller.plain_rounds() > 0  # unmeasured, yet stretched
 
-    hopeful = auto_controller(promising_ranks())
+    hopeful = auto_controller(PipelinePriors())
     play(hopeful, SimulatedServices(1), draft_hop_world(), 200)
     assert hopeful.plain_rounds() == 0
 

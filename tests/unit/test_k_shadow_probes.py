@@ -259,23 +259,15 @@ def _timings(observation: RoundObservation) -> tuple:
 
 
 def test_under_pipelining_auto_probes_run_beside_stretches_once_the_ranks_are_measured() -> None:
-    """Until the pool has measured the draft's candidate ranks, a probe from K = 0 is a round that
-    drafts ahead (to measure them), at the stretch's end; after, it runs beside the stretch like
+    """Until the pool has measured the draft's candidate ranks, drafting ahead is tried at the
+    ranks hoped for (no stretch, no probe beside one); after, a probe runs beside the stretch like
     any other."""
     world = draft_hop_world()
     priors = PipelinePriors()
     controller = auto_controller(priors, shadow_probes=True)
-    services = SimulatedServices(1)
-    play(controller, services, world, 200)
-    stretch = controller.plain_rounds(shadow=True)
-    assert stretch > 0 and controller.shadow_probe() == 0  # no probe beside it
-    controller.observe_plain(stretch, world.plain_pace(stretch))
-    assert controller.plain_rounds(shadow=True) == 0  # the probe is due: a round
-    probe = controller.choose(K_MAX)
-    assert probe > 0 and controller.planned_fanout == 1
-    controller.observe(services.round(probe, world))
+    play(controller, SimulatedServices(1), world, 200)
+    assert controller.plain_rounds(shadow=True) == 0 and controller.shadow_probe() == 0  # drafting ahead
     measured(priors)
-    play(controller, services, world, 100)
     stretch = controller.plain_rounds()
     assert stretch > 0
     controller.observe_plain(stretch, world.plain_pace(stretch))

@@ -591,9 +591,10 @@ def test_controller_never_pipelines_k_zero() -> None:
 
 def test_controller_hysteresis_keeps_a_choice_that_stays_close() -> None:
     def sweep(hysteresis: float) -> list[tuple[int, int]]:
-        # no margin to turn pipelining on, which is a hysteresis of its own
+        # no margin to turn pipelining on, which is a hysteresis of its own; the world's ranks
+        # taken as measured (no hopeful ranks before outcomes)
         config = PipelineConfig(margin=0.0, hysteresis=hysteresis, refresh_interval_rounds=0,
-                                probe_interval_rounds=0)
+                                probe_interval_rounds=0, measured_outcomes=0)
         controller = PipelineController(config)
         choices = []
         for step in range(40):  # the draft's RTT jitters either side of where K = 0 starts to win
