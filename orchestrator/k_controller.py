@@ -436,17 +436,17 @@ class AdaptiveKController:
         """K = 0 rounds up to the next probe while the choice is K = 0 (PlainStretches): nothing
         else changes the choice without a round's measurements. 0 while drafting, with a probe
         due, or under pipelining auto when drafting ahead beats those rounds (it may pay where
-        plain drafting does not; until its ranks are measured, against K = 0 priced as Verify
-        rounds, so that it is tried: _ranks_pending).
+        plain drafting does not; until its ranks are measured, at hopeful ranks against K = 0
+        priced as Verify rounds, so that it is tried: _ranks_pending).
         shadow: the caller can run a probe beside the stretch; a probe due then does not end
         the stretch but is taken for it (shadow_probe() gives its K)."""
         self._shadow_num_speculative_tokens = 0
         if self._num_speculative_tokens != 0:
             return 0
         if self._ahead is not None and self._ahead_pays():
-            # Drafting ahead beats K = 0 (priced as Verify rounds while the ranks are pending, so
-            # that it is tried; where even so it does not, K = 0 stretches to the next probe,
-            # which drafts ahead and measures a rank).
+            # Drafting ahead beats K = 0 (while the ranks are pending, at hopeful ranks against K = 0
+            # priced as Verify rounds, so that it is tried; where even so it does not, K = 0
+            # stretches to the next probe, which drafts ahead and measures a rank).
             return 0
         if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
             self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens

@@ -855,8 +855,10 @@ class PipelineController:
         is tried wherever it could pay, less so with every outcome that misses. Prior ranks (the
         default pair's, or a pool's that drafted ahead a few times) would rule drafting ahead
         out for a much better draft, which would then never be measured."""
-        if self.ranks_measured:
-            return self.ranks
+        return self.ranks if self.ranks_measured else self._hopeful_coverage()
+
+    def _hopeful_coverage(self) -> Coverage:
+        """RankTally.hopeful over the pool's outcomes (this session's without priors)."""
         if self._priors is not None:
             return self._priors.hopeful_coverage(self._config.hoped_outcomes)
         return self._tally.hopeful(self._config.hoped_outcomes)
@@ -901,9 +903,8 @@ class PipelineController:
         costs."""
         cfg = self._config
         max_fanout = max(0, min(max_fanout, cfg.max_fanout))
-        tally = self._priors.hopeful_coverage if self._priors is not None else self._tally.hopeful
         times = pipeline_times(alpha, costs, max(0, max_num_speculative_tokens), max_fanout,
-                               tally(cfg.hoped_outcomes), self.branch_cost, 1.0,
+                               self._hopeful_coverage(), self.branch_cost, 1.0,
                                miss_branch_hop=cfg.miss_branch_hop)
         return choose_from_table(times, cfg.margin, cfg.fanout_tolerance)[1] > 0
 
