@@ -312,3 +312,17 @@ def test_http_port_0_turns_the_http_api_off(helm):
     assert "http" not in {port["name"] for port in container["ports"]}
     service = rendered.get("Service", "orchestrator")
     assert [port["name"] for port in service["spec"]["ports"]] == ["grpc"]
+
+
+def test_orchestrator_beside_target_value_set_selects_the_target_pods(rendered_sets):
+    """The orchestrator-beside-target value set asks the scheduler to put each orchestrator pod on a
+    node that runs a target pod: its rule must select the target pool's pods (by the labels the
+    chart gives them) and not the draft's, or it would place nothing anywhere."""
+    rendered = rendered_sets["orchestrator-beside-target"]
+    pod = rendered.get("Deployment", "orchestrator")["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    labels = {pool: rendered.get("Deployment", pool)["spec"]["template"]["metadata"]["labels"] for pool in POOLS}
+    assert selector.items() <= labels["target"].items()
+    assert not selector.items() <= labels["draft"].items()
+    assert _arg(rendered.container("orchestrator")["args"], "--pipeline") == "auto"
