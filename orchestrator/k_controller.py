@@ -796,8 +796,10 @@ class AdaptiveKController:
         PipelineController.could_pay) and alpha optimistic (zero_k_optimism posterior sd above
         the estimate), some K drafted ahead beats K = 0 at its streamed pace. Where even that
         loses, no ranks (or none the tests so far leave likely) would change the choice, so K = 0
-        is priced at its pace. True while the costs are not known."""
-        if self._ahead is None or self._ahead.ranks_measured:
+        is priced at its pace. Nor once this session has run its share of the tests
+        (PipelineConfig.session_test_rounds): from then on its drafted-ahead rounds have to beat
+        K = 0 at its pace. True while the costs are not known."""
+        if self._ahead is None or self._ahead.ranks_measured or self._ahead.tests_spent:
             return False
         base = verify_round_costs if verify_round_costs is not None else self._verify_round_costs()
         costs = self._with_draft(self._at_plain_pace(base), include_catchup=False) if base is not None else None

@@ -778,8 +778,13 @@ class PipelineConfig:
     # never be found out (probes measure a rank a time). Where drafting ahead does not beat even
     # that, K = 0 still stretches (to its next probe). Not where it could not pay with the ranks
     # so hoped for (could_pay): a draft whose candidates keep missing is found out in a few rounds.
-    measured_outcomes: int = 16
+    measured_outcomes: int = 8
     hoped_outcomes: float = 4.0
+    # A session's own drafted-ahead rounds while the ranks are pending (its tests) before its K = 0
+    # is priced at its streamed pace again, the ranks still read hopefully: a test that went well
+    # goes on on its merits, one that did not stops. Without it one session could run a dozen
+    # tests where its lagging alpha kept them hopeful, each a round in place of a cheap stretch.
+    session_test_rounds: int = 4
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -796,6 +801,7 @@ class PipelineConfig:
         check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
         check(self.measured_outcomes >= 0, "measured_outcomes must be >= 0")
         check(self.hoped_outcomes > 0.0, "hoped_outcomes must be > 0")
+        check(self.session_test_rounds >= 0, "session_test_rounds must be >= 0")
 
 
 class PipelineController:
@@ -828,7 +834,7 @@ class PipelineController:
                         if priors is not None
                         else ProbeSchedule(cfg.probe_interval_rounds, cfg.probe_interval_max_rounds))
         self._probing = False
-        self._tally = RankTally(cfg.max_fanout)  # this session's drafted-ahead outcomes
+        self._tally = RankTally(cfg.max_fanout)  # this session's drafted-ahead outcomes (its tests)
 
     @property
     def ranks_measured(self) -> bool:
@@ -836,6 +842,12 @@ class PipelineController:
         candidate ranks to stand on measurement rather than on the prior curves."""
         observed = self._priors.outcomes if self._priors is not None else self._tally.outcomes
         return observed >= self._config.measured_outcomes
+
+    @property
+    def tests_spent(self) -> bool:
+        """Whether this session has run its share of drafted-ahead tests
+        (PipelineConfig.session_test_rounds): its outcomes so far."""
+        return self._tally.outcomes >= self._config.session_test_rounds
 
     # -- decisions -------------------------------------------------------------------------------
 

@@ -133,6 +133,38 @@ def test_pipelining_auto_stops_testing_a_draft_whose_candidates_keep_missing() -
     assert after_tests(rank=1).plain_rounds() == 0
 
 
+def test_a_session_runs_its_share_of_the_tests_then_drafts_ahead_only_on_its_merits() -> None:
+    """While the pool's ranks are pending a session prices K = 0 as a Verify round, so that
+    drafting ahead is tried, for its first PipelineConfig.session_test_rounds drafted-ahead rounds
+    only: after them its K = 0 is priced at its streamed pace again. Outcomes that leave the ranks
+    hopeful enough to keep testing (half of them hits) stop this session's tests at its share,
+    not the pool's: a new session tests again until the pool has measured the ranks."""
+    world = replace(draft_hop_world(), alpha=0.5)
+    share = PipelineConfig().session_test_rounds
+    assert 0 < share < PipelineConfig().measured_outcomes
+    priors = PipelinePriors()
+    controller = auto_controller(priors)
+    play(controller, SimulatedServices(1), world, 100)
+
+    def test_round(rank: int | None) -> None:
+        controller.observe_ahead(AheadObservation(
+            num_speculative_tokens=2, num_accepted=0, rank=rank, candidates=8, fanout=3, branches=0,
+            branch_num_speculative_tokens=2, compute_seconds=0.0, after_proposal_seconds=0.0,
+            call_hop_seconds=None))
+
+    ranks = [1 if i % 2 == 0 else None for i in range(share)]
+    for rank in ranks[:-1]:
+        test_round(rank)
+    assert controller.plain_rounds() == 0  # still testing
+    test_round(ranks[-1])
+    assert priors.outcomes == share < PipelineConfig().measured_outcomes
+    assert controller.plain_rounds() > 0  # its share spent: a stretch wins at its pace
+
+    newcomer = auto_controller(priors)
+    play(newcomer, SimulatedServices(1), world, 100)
+    assert newcomer.plain_rounds() == 0  # the pool's ranks are still pending: it tests
+
+
 def target_hop_world() -> Conditions:
     """The default pair's pass times with a 30 ms hop each way and a draft accepted 40 % of the
     time: a hit round still pays the target's hop and a pass for ~1.5 tokens, while a stretch pays
