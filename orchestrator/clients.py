@@ -185,6 +185,7 @@ class TargetClient(ReplicaClient):
         super().__init__(address, channel, timeouts, target_pb2_grpc.TargetServiceStub(channel))
         self.decodes = True  # False once the replica answered Decode with UNIMPLEMENTED
         self.offers = True  # False once it answered Offer so
+        self.ends_decodes = True  # False once it answered EndDecode so
 
     async def prefill(self, session_id: str, token_ids: Sequence[int], sampling: SamplingParams,
                       resume: bool = False, prompt_length: int = 0) -> Reply[int | None]:
@@ -283,6 +284,22 @@ class TargetClient(ReplicaClient):
             self.offers = False
             return False, 0
         return response.held, response.committed_length
+
+    async def end_decode(self, session_id: str, start: int) -> bool:
+        """Ends the session's running Decode that started from C of length `start` after its
+        current pass (-> whether one was running); its stream then brings the rest of its tokens
+        and its last message. A target without EndDecode ends none: its Decode runs on."""
+        if not self.ends_decodes:
+            return False
+        request = target_pb2.EndDecodeRequest(session_id=session_id, start=start)
+        try:
+            response = await self._stub.EndDecode(request, timeout=self.timeouts.step_seconds)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise domain_error(self.address, error) from error
+            self.ends_decodes = False
+            return False
+        return response.ending
 
     async def tokenizer_files(self) -> tuple[list[tuple[str, bytes]], str]:
         response, _ = await self._call(self._stub.GetTokenizer, target_pb2.GetTokenizerRequest(),

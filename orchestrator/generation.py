@@ -113,6 +113,26 @@ class _ShadowProbe:
     start: int = 0
 
 
+@dataclass
+class _OpenStretch:
+    """A stretch of K = 0 rounds whose Decode call goes on past the policy's next probe (that
+    probe runs beside it): at each segment's end (segment_end, a length of C) the segment is told
+    to the policy and its probe observed, and the policy's next choice either sets the next segment
+    or ends the call (EndDecode; ending), instead of a new call paying the target's round trip."""
+
+    call_start: int  # the length of C the Decode started from
+    segment_start: int
+    segment_end: int
+    segment_started: float  # perf_counter at segment_start
+    observed: int = 0  # the call's tokens told to the policy so far
+    ending: bool = False
+    call_steps: int = 0  # the tokens the Decode asked for
+
+    def left(self, committed_length: int) -> int:
+        """The tokens the call still brings (at most) when C has committed_length."""
+        return self.call_steps - (committed_length - self.call_start)
+
+
 @dataclass(frozen=True)
 class _Branches:
     """What a Speculate drafted ahead: its branches, their timing (wall time from the proposal's
@@ -222,7 +242,8 @@ class Generation:
                 # A streamed request under auto always offers: RequestStreaming chose it for its
                 # offers; a K = 0 stretch offers where its Decode calls measure that faster.
                 offers = offered is not None and (bool(self._streams) or offered.paces.offer_next())
-                decoding = self._decode(plain_rounds, streamed=streamed is not None)
+                stretch = self._open_stretch(plain_rounds, shadow, offers, streamed is not None)
+                decoding = self._decode(plain_rounds, streamed=streamed is not None, stretch=stretch)
                 self._offers_stopped = False
                 offering = asyncio.create_task(self._offer_drafts(offered, shadow)) if offers else None
                 try:
@@ -235,6 +256,9 @@ class Generation:
                         yield decoded  # each token as it comes, not held back for the next
                         if offering is None or offering.done():
                             self._launch_shadow_probe(shadow)
+                        if (stretch is not None and not stretch.ending
+                                and len(self.committed) >= stretch.segment_end):
+                            shadow = await self._next_segment(stretch, shadow)
                 except BaseException:
                     if shadow is not None and shadow.task is not None:
                         shadow.task.cancel()
@@ -582,6 +606,40 @@ class Generation:
             return 0
         return rounds if self._looks_up_in_decode() else min(rounds, LOOKUP_PLAIN_STEPS)
 
+    def _open_stretch(self, plain_rounds: int, shadow: _ShadowProbe | None, offers: bool,
+                      streamed: bool) -> _OpenStretch | None:
+        """A stretch whose Decode goes on past its probe (_OpenStretch): a stretch the policy chose
+        with a probe beside it, no offers and no test of the request's way, on a target that can
+        end a Decode early. Its probe no longer costs a call; where the probe changes the choice,
+        the call ends after the target's pass then running."""
+        if (plain_rounds <= 0 or offers or streamed or self._way_on_trial or not self.replicas.ends_decodes
+                or (shadow is None and not self._can_shadow_probe())):
+            return None
+        start = len(self.committed)
+        return _OpenStretch(start, start, start + plain_rounds, time.perf_counter())
+
+    async def _next_segment(self, stretch: _OpenStretch, shadow: _ShadowProbe | None) -> _ShadowProbe | None:
+        """At the end of an open stretch's segment: its rounds and pace told to the policy (the
+        passes' timings come with the call's end), its probe observed, and the policy's next
+        choice: a further segment (-> its probe, if any) or K = 0 no longer (the Decode is ended
+        after its current pass; its remaining tokens still come and are rounds like these)."""
+        now = time.perf_counter()
+        rounds = len(self.committed) - stretch.segment_start
+        if rounds > 0 and isinstance(self.policy, PlainStretches):
+            self.policy.observe_plain(rounds, (now - stretch.segment_started) / rounds)
+        stretch.observed += rounds
+        if shadow is not None and shadow.task is not None:
+            await self._observe_shadow_probe(shadow)
+        next_rounds = self._plain_rounds()
+        if next_rounds <= 0:
+            stretch.ending = True
+            await self.replicas.end_decode(stretch.call_start)
+            return None
+        stretch.segment_start, stretch.segment_started = len(self.committed), time.perf_counter()
+        stretch.segment_end = stretch.segment_start + next_rounds
+        # The probe goes out before the call's end, where the segment ends if it reaches it.
+        return self._take_shadow_probe(max(1, min(next_rounds, stretch.left(len(self.committed)))))
+
     def _can_shadow_probe(self) -> bool:
         """Whether a probe can run beside a stretch (ShadowProbes): a model draft replica holding
         the session or being given it, and under sampling a target whose Decode sends each
@@ -663,14 +721,16 @@ class Generation:
         return sampled_acceptance_chances(
             proposal, decoded, [self._decoded_probabilities.get(start + i) for i in range(len(decoded))])
 
-    def _decode(self, plain_rounds: int = 0, streamed: bool = False) -> AsyncIterator[tuple[int, ...]]:
+    def _decode(self, plain_rounds: int = 0, streamed: bool = False,
+                stretch: _OpenStretch | None = None) -> AsyncIterator[tuple[int, ...]]:
         """The target decodes the next tokens in one streamed call, each exactly a round without
         drafts, and keeps the session in its passes meanwhile instead of leaving it out of them
         for a round trip after every token. Up to MAX_DECODE_STEPS tokens for a request without
         speculation; plain_rounds when the controller chose them (it then observes them); while
         the guard holds the system at K = 0, _guarded_steps (no K is chosen, so the controller
-        observes nothing). Under a guard both stop where its answer may change. A pipelined
-        round's branch is dropped."""
+        observes nothing). Under a guard both stop where its answer may change. An open stretch
+        (_OpenStretch) asks for as many as a call may decode, or the guard allows: the loop ends
+        it. A pipelined round's branch is dropped."""
         self._branch = None
         remaining = self.request.max_new_tokens - self.stats.generated_tokens
         context_left = self.limits.max_context - len(self.committed)
@@ -681,17 +741,20 @@ class Generation:
             if self._way_on_trial:  # the call ends where the test is judged (_switch_if_losing)
                 steps = min(steps, MIN_PACE_TOKENS - self._way_pace()[0])
         elif plain_rounds > 0:
-            steps = min(plain_rounds, self._guarded_steps()) if self.guard is not None else plain_rounds
+            stretched = plain_rounds if stretch is None else MAX_DECODE_STEPS
+            steps = min(stretched, self._guarded_steps()) if self.guard is not None else stretched
         else:
             steps = self._guarded_steps()
         self.stats.decode_calls += 1
         self._decoded_in_call = 0
         steps = max(1, min(steps, MAX_DECODE_STEPS, remaining, context_left))
+        if stretch is not None:
+            stretch.call_steps = steps
         # A stretch longer than one call takes several: each call that runs all it may is a full one.
         planned = min(plain_rounds, MAX_DECODE_STEPS)
         lookup = self._decode_lookup()
         return self._counted(self.replicas.decode(self.committed, steps, lookup), planned=planned,
-                             priced=lookup is not None, streamed=streamed)
+                             priced=lookup is not None, streamed=streamed, stretch=stretch)
 
     def _decode_lookup(self) -> DecodeLookup | None:
         """Lookups in the Decode's own passes, for a speculating request whose draft method looks
@@ -735,15 +798,16 @@ class Generation:
         pace = self._decode_token_seconds if self._decode_token_seconds is not None else self.guard.decode_pace
         return guarded_decode_steps(self.guard.seconds_until_change(), pace)
 
-    async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int,
-                       priced: bool = False, streamed: bool = False) -> AsyncIterator[tuple[int, ...]]:
+    async def _counted(self, steps: AsyncIterator[DecodeStep], planned: int, priced: bool = False,
+                       streamed: bool = False, stretch: _OpenStretch | None = None) -> AsyncIterator[tuple[int, ...]]:
         """The Decode's tokens, each a K = 0 round in the stats (under sampling their p(y) kept
         for a probe beside the stretch); after it, told to the policy when the policy chose these
         rounds (planned > 0 of them, at most a call's), with its pace per token if it ran them all
         (a stretch cut short by the request's end or the guard is no stretch's pace); a streamed
         call's pace (streamed, MIN_PACE_TOKENS tokens or more), which prices K = 0 as a
         stretch's does; otherwise, where the call's passes looked up tokens (priced), their time
-        and load only, which price those rows in the next call."""
+        and load only, which price those rows in the next call. Of an open stretch, the rounds
+        its segments have not told (with the last segment's pace if it ran all of it)."""
         started, decoded, timing, offered, looked_up, headed = time.perf_counter(), 0, None, None, None, None
         re_prefills = self.stats.re_prefills  # a session rebuilt mid-stream: the timing covers its last call only
         self._decoded_probabilities.clear()
@@ -788,7 +852,21 @@ class Generation:
                 if (timing is not None and timing.compute_seconds > 0 and timing.pass_rows >= 1
                         and self.stats.re_prefills == re_prefills):
                     passes = _decoded_passes(decoded, timing, (offered, looked_up, headed))
-                if planned > 0 and isinstance(self.policy, PlainStretches):
+                if stretch is not None and isinstance(self.policy, PlainStretches):
+                    # The rounds no segment told; their pace if their segment ran all it planned,
+                    # or they are a whole call's (one of MAX_DECODE_STEPS within a longer segment).
+                    rest = decoded - stretch.observed
+                    whole_call = decoded >= stretch.call_steps == MAX_DECODE_STEPS
+                    ran_all = not stretch.ending and (rest >= stretch.segment_end - stretch.segment_start or whole_call)
+                    pace = (time.perf_counter() - stretch.segment_started) / rest if ran_all and rest else None
+                    # The call's passes are the whole call's, its segments' too: told as such.
+                    by_passes = passes is not None and isinstance(self.policy, LookupChooser)
+                    if rest > 0:
+                        self.policy.observe_plain(rest, pace, None if by_passes else passes)
+                    if by_passes:
+                        assert passes is not None and isinstance(self.policy, LookupChooser)
+                        self.policy.observe_decoded_passes(passes)
+                elif planned > 0 and isinstance(self.policy, PlainStretches):
                     pace = self._decode_token_seconds if decoded >= planned else None
                     self.policy.observe_plain(decoded, pace, passes)
                 elif streamed and decoded >= MIN_PACE_TOKENS and isinstance(self.policy, PlainStretches):

@@ -359,6 +359,24 @@ class SessionReplicas:
                 raise _target_error(error) from error
         raise Unavailable(f"the target session could not be recovered after {MAX_TARGET_RECOVERIES} tries")
 
+    @property
+    def ends_decodes(self) -> bool:
+        """Whether the session's target replica can end a running Decode early (end_decode)."""
+        return self.target is not None and self.target.lease.client.ends_decodes
+
+    async def end_decode(self, start: int) -> bool:
+        """Ends the target session's running Decode that started from C of length `start` after
+        its current pass: its stream then brings the rest of its tokens. Whether one was ending;
+        a failure ends nothing (the Decode runs to its own end, its tokens as good)."""
+        placement = self.target
+        if placement is None:
+            return False
+        try:
+            return await placement.lease.client.end_decode(placement.handle.session_id, start)
+        except SpecdecError as error:
+            log.info("ending a Decode on %s failed: %s", placement.replica.address, error)
+            return False
+
     async def offer(self, offer: DraftOffer) -> tuple[bool, int]:
         """Offers drafts to the target session's running Decode (streamed speculation): whether it
         holds them, and the session's length when they arrived. Only an optimisation: a failure

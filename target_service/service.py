@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from specdec.errors import InvalidInput, OutOfRange
@@ -34,6 +35,8 @@ class TargetService(SessionService[TargetSessionState]):
         self._tokenizer_files = tokenizer_files(loaded.tokenizer)
         # Sessions in a Decode call, each with its latest DraftOffer (None before the first).
         self._offers: dict[str, DraftOffer | None] = {}
+        # Sessions in a Decode call: the length it started from and what ends it (end_decode).
+        self._endings: dict[str, tuple[int, threading.Event]] = {}
 
     async def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool,
@@ -67,18 +70,32 @@ class TargetService(SessionService[TargetSessionState]):
         else its draft head's drafts (headed). A
         repeat of the last applied handle gets its tokens in the result, with no emit."""
         session_id = handle.session_id
+        ending = threading.Event()
 
         def apply(state: TargetSessionState) -> Job[tuple[int, list[DecodedToken]]]:
-            tokens = yield from self.engine.decode(state, max_tokens, emit, stopped,
+            tokens = yield from self.engine.decode(state, max_tokens, emit,
+                                                   lambda: stopped() or ending.is_set(),
                                                    lambda: self._offers.get(session_id), tally,
                                                    lookup, looked_up, headed)
             return state.committed_length, tokens
 
         self._offers.setdefault(session_id, None)
+        self._endings[session_id] = (handle.committed_length, ending)
         try:
             return await self.call(handle, apply)
         finally:
             self._offers.pop(session_id, None)
+            if self._endings.get(session_id, (None, None))[1] is ending:
+                del self._endings[session_id]
+
+    def end_decode(self, session_id: str, start: int) -> bool:
+        """Ends the session's running Decode after its current pass if it started from C of
+        length `start` (-> True); otherwise nothing (-> False)."""
+        running = self._endings.get(session_id)
+        if running is None or running[0] != start:
+            return False
+        running[1].set()
+        return True
 
     def _row_price(self) -> float:
         """The chance a looked-up token needs to pay for its row in the next pass, as this

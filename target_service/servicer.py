@@ -88,6 +88,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         held, committed_length = self.service.offer(request.session_id, offer)
         return target_pb2.OfferResponse(held=held, committed_length=committed_length)
 
+    async def EndDecode(self, request: target_pb2.EndDecodeRequest, context: grpc.aio.ServicerContext):
+        return target_pb2.EndDecodeResponse(ending=self.service.end_decode(request.session_id, request.start))
+
     async def Release(self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         return common_pb2.ReleaseResponse(released=await self.service.release(request.session_id))
 

@@ -157,6 +157,20 @@ class OfferResponse(_message.Message):
     committed_length: int
     def __init__(self, held: _Optional[bool] = ..., committed_length: _Optional[int] = ...) -> None: ...
 
+class EndDecodeRequest(_message.Message):
+    __slots__ = ("session_id", "start")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    start: int
+    def __init__(self, session_id: _Optional[str] = ..., start: _Optional[int] = ...) -> None: ...
+
+class EndDecodeResponse(_message.Message):
+    __slots__ = ("ending",)
+    ENDING_FIELD_NUMBER: _ClassVar[int]
+    ending: bool
+    def __init__(self, ending: _Optional[bool] = ...) -> None: ...
+
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

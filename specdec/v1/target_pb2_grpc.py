@@ -57,6 +57,11 @@ class TargetServiceStub:
                 request_serializer=specdec_dot_v1_dot_target__pb2.OfferRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_target__pb2.OfferResponse.FromString,
                 _registered_method=True)
+        self.EndDecode = channel.unary_unary(
+                '/specdec.v1.TargetService/EndDecode',
+                request_serializer=specdec_dot_v1_dot_target__pb2.EndDecodeRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_target__pb2.EndDecodeResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -99,9 +104,10 @@ class TargetServiceServicer:
         """Plain decoding of up to max_tokens tokens in one call, streamed as they come: each token is
         exactly what a Verify with no drafts would return, step after step, and the session stays in
         the model's passes between the steps instead of waiting for the caller's next call. Stops
-        early after one of the model's end-of-sequence tokens, at the max context, or when the
-        caller cancels (then the session has decoded the tokens it sent, and maybe one more: its
-        next call's handle is stale, and the caller re-prefills or releases it).
+        early after one of the model's end-of-sequence tokens, at the max context, after the pass
+        running when EndDecode asks (the stream then ends as at max_tokens), or when the caller
+        cancels (then the session has decoded the tokens it sent, and maybe one more: its next call's
+        handle is stale, and the caller re-prefills or releases it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +121,17 @@ class TargetServiceServicer:
         verify them; otherwise the pass decodes one token as without drafts. The Decode's tokens are
         the same either way (greedy), or distributed the same (sampling). An offer replaces the
         session's previous one; outside a Decode it is not held.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndDecode(self, request, context):
+        """Ends the session's running Decode after its current pass, if that Decode started from C of
+        length start (a Decode from elsewhere, or none, is left alone: a late request cannot end the
+        session's next one). Its stream then ends as when max_tokens is reached: every token the
+        session decoded in it, then the last message with the call's timing, the handle current. The
+        caller that decides mid-call to stop decoding thus loses no round trip to a new call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -161,6 +178,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Offer,
                     request_deserializer=specdec_dot_v1_dot_target__pb2.OfferRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_target__pb2.OfferResponse.SerializeToString,
+            ),
+            'EndDecode': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndDecode,
+                    request_deserializer=specdec_dot_v1_dot_target__pb2.EndDecodeRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_target__pb2.EndDecodeResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -288,6 +310,33 @@ class TargetService:
             '/specdec.v1.TargetService/Offer',
             specdec_dot_v1_dot_target__pb2.OfferRequest.SerializeToString,
             specdec_dot_v1_dot_target__pb2.OfferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndDecode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.TargetService/EndDecode',
+            specdec_dot_v1_dot_target__pb2.EndDecodeRequest.SerializeToString,
+            specdec_dot_v1_dot_target__pb2.EndDecodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

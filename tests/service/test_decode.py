@@ -109,6 +109,36 @@ def test_a_cancelled_decode_stops_and_its_handle_tells_how_far_it_went(loop_thre
     assert first.handle.committed_length <= length < len(PROMPT) + 1 + 64
 
 
+def test_end_decode_ends_the_running_decode_after_its_pass_and_the_session_goes_on(loop_thread, stack):
+    """EndDecode from the length a running Decode started at ends it after its current pass: its
+    stream brings every token the session decoded and its last message, whose handle is current,
+    so the session's next call goes on from there (the tokens those of one uninterrupted call).
+    An EndDecode from another length, or with no Decode running, ends nothing."""
+    greedy = SAMPLINGS["greedy"]
+
+    async def work(client: TargetClient):
+        ended = await client.prefill("decode-end", PROMPT, greedy)
+        whole = await client.prefill("decode-whole", PROMPT, greedy)
+        reference = _tokens(await _decode(client, whole.handle, 64))
+        start = ended.handle.committed_length
+        idle = await client.end_decode("decode-end", start)
+        steps = client.decode(ended.handle, 64)
+        first = await anext(steps)
+        elsewhere = await client.end_decode("decode-end", start + 1)
+        ending = await client.end_decode("decode-end", start)
+        rest = [step async for step in steps]
+        received = _tokens([first, *rest])
+        more = _tokens(await _decode(client, rest[-1].handle, 64 - len(received)))
+        return idle, elsewhere, ending, start, rest[-1], received, more, reference
+
+    idle, elsewhere, ending, start, last, received, more, reference = loop_thread.run(
+        _with_client(stack.target_address, work, ("decode-end", "decode-whole")))
+    assert (idle, elsewhere, ending) == (False, False, True)
+    assert 1 <= len(received) < 64  # ended well short of the 64 asked for
+    assert last.timing is not None and last.handle.committed_length == start + len(received)
+    assert received + more == reference
+
+
 def test_decode_refuses_a_step_count_out_of_range(loop_thread, stack):
     async def work(client: TargetClient):
         prefilled = await client.prefill("decode-range", PROMPT, SAMPLINGS["greedy"])
@@ -214,14 +244,15 @@ def test_a_long_answer_streams_every_token_from_consecutive_decodes(stack, refer
     assert all(response.token_ids for response in responses)
 
 
-class RefuseDecode(grpc.aio.ServerInterceptor):
-    """A target that predates Decode: the method is unimplemented."""
+class RefuseMethod(grpc.aio.ServerInterceptor):
+    """A target that predates one of its methods (Decode by default): it is unimplemented."""
 
-    def __init__(self) -> None:
+    def __init__(self, method: str = "Decode") -> None:
+        self.method = method
         self.refused = 0
 
     async def intercept_service(self, continuation, details):
-        if not details.method.endswith("/Decode"):
+        if not details.method.endswith(f"/{self.method}"):
             return await continuation(details)
 
         async def unimplemented(request, context):
@@ -232,7 +263,7 @@ class RefuseDecode(grpc.aio.ServerInterceptor):
 
 
 def test_a_target_without_decode_gets_plain_verifies(loop_thread, tiny_pair, reference_target):
-    refuse = RefuseDecode()
+    refuse = RefuseMethod()
 
     async def start():
         return await stack_module.start_stack(tiny_pair.target_dir, tiny_pair.draft_dir,

@@ -137,20 +137,28 @@ def test_a_stretch_longer_than_one_decode_call_still_teaches_its_pace(loop_threa
                                                                       monkeypatch):
     """Once the probes have backed off past MAX_DECODE_STEPS rounds, a stretch takes several Decode
     calls of MAX_DECODE_STEPS tokens each: every such call ran all it could, so its pace counts.
-    Every such call also reports the target's passes it ran in (one row each: the session is alone)."""
+    Every such call also reports the target's passes it ran in (one row each: the session is
+    alone), as the passes of its rounds or of the whole call (a call whose stretch went on past a
+    probe told its segments as they ended, its passes with its end)."""
     from orchestrator.k_controller import AdaptiveKController
     from specdec.protocol import MAX_DECODE_STEPS
 
     observed: list[tuple[int, float | None]] = []
     passes = []
-    original = AdaptiveKController.observe_plain
+    original, original_passes = AdaptiveKController.observe_plain, AdaptiveKController.observe_decoded_passes
 
     def recording(self, rounds, seconds_per_token, decoded_passes=None):
         observed.append((rounds, seconds_per_token))
-        passes.append((rounds, decoded_passes))
+        if decoded_passes is not None:
+            passes.append((rounds, decoded_passes))
         original(self, rounds, seconds_per_token, decoded_passes)
 
+    def recording_passes(self, decoded_passes):
+        passes.append((observed[-1][0], decoded_passes))  # the call's rounds were told just before
+        original_passes(self, decoded_passes)
+
     monkeypatch.setattr(AdaptiveKController, "observe_plain", recording)
+    monkeypatch.setattr(AdaptiveKController, "observe_decoded_passes", recording_passes)
     running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
     try:
         tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
@@ -255,3 +263,87 @@ def test_a_request_cancelled_while_its_probe_runs_ends_and_leaves_no_session(loo
 
     cut, live = loop_thread.run(run())
     assert cut >= 10 and live == [0, 0], (cut, live)
+
+
+def test_a_stretch_goes_on_past_its_probes_in_one_decode_call(loop_thread, tiny_pair, expected):
+    """A stretch whose probes run beside it does not end at each probe: the Decode call goes on
+    while the probe is observed and K = 0 chosen again, so the session pays the target's round
+    trip once per call of MAX_DECODE_STEPS tokens, not once per probe; the probes still come."""
+    from specdec.protocol import MAX_DECODE_STEPS
+
+    with _far_draft_stack(loop_thread, tiny_pair, "model") as generate:
+        for temperature in (0.0, 0.3):
+            tokens, stats = generate(ADAPTIVE, temperature=temperature, seed=SAMPLED_SEED)
+            if temperature == 0.0:
+                assert tokens == expected
+            ks = list(stats.num_speculative_tokens_per_round)
+            assert stats.shadow_probes >= 2, (stats.shadow_probes, ks)
+            # Every round after the first at K = 0, in as few calls as MAX_DECODE_STEPS allows.
+            assert all(k == 0 for k in ks[1:]) and stats.decoded_tokens >= len(ks) - 1, ks
+            assert stats.decode_calls == -(-stats.decoded_tokens // MAX_DECODE_STEPS), stats.decode_calls
+
+
+def test_a_probe_that_ends_k0_ends_the_decode_call_early(loop_thread, tiny_pair, expected, monkeypatch):
+    """Where the policy leaves K = 0 at a probe beside a stretch (here made to, once it has observed
+    one: the controller's own reasons are unit-tested), the stretch's Decode call is ended after
+    the target's pass then running (EndDecode), not run on to its end at K = 0; the tokens it
+    decoded meanwhile are committed, and the rounds go on from there. The output is still the
+    target's own."""
+    from orchestrator.k_controller import AdaptiveKController
+    from specdec.protocol import MAX_DECODE_STEPS
+    from target_service.service import TargetService
+
+    ended: list[bool] = []
+    original_end = TargetService.end_decode
+
+    def recording(self, session_id: str, start: int) -> bool:
+        ended.append(original_end(self, session_id, start))
+        return ended[-1]
+
+    probed: list[int] = []
+    original_shadow, original_plain = AdaptiveKController.observe_shadow, AdaptiveKController.plain_rounds
+
+    def observe_shadow(self, *args, **kwargs) -> None:
+        probed.append(1)
+        original_shadow(self, *args, **kwargs)
+
+    def plain_rounds(self, shadow: bool = False) -> int:
+        rounds = original_plain(self, shadow)
+        return 0 if probed else rounds
+
+    monkeypatch.setattr(TargetService, "end_decode", recording)
+    monkeypatch.setattr(AdaptiveKController, "observe_shadow", observe_shadow)
+    monkeypatch.setattr(AdaptiveKController, "plain_rounds", plain_rounds)
+    with _far_draft_stack(loop_thread, tiny_pair, "model") as generate:
+        tokens, stats = generate(ADAPTIVE, max_new_tokens=MAX_NEW_TOKENS)
+        assert tokens == expected
+        assert probed and ended == [True], (probed, ended)
+        # One call, ended short of what it asked for; every token after it a round of its own.
+        assert stats.decode_calls == 1 and 0 < stats.decoded_tokens < MAX_DECODE_STEPS, stats.decoded_tokens
+        assert len(stats.num_speculative_tokens_per_round) == MAX_NEW_TOKENS - 1
+
+
+def test_a_target_without_end_decode_gets_stretches_that_end_at_their_probes(loop_thread, tiny_pair, expected):
+    """A target that predates EndDecode: the first answer (UNIMPLEMENTED) is remembered, and the
+    stretches end at their probes, each probe a call, as before; the output is the same."""
+    from tests.service.test_decode import RefuseMethod
+
+    refuse = RefuseMethod("EndDecode")
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model",
+                                                 interceptors=(refuse,)))
+    try:
+        # An open stretch asks the target to end its Decode only where K = 0 ends; until a call has
+        # been refused the orchestrator takes the target for one that can. Ask it once directly.
+        replica = running.service.target_pool.pick()
+        assert replica is not None
+        client = replica.client
+        assert loop_thread.run(client.end_decode("nobody", 0)) is False
+        assert refuse.refused == 1 and client.ends_decodes is False
+        tokens, stats = loop_thread.run(_generate(running.service, PROMPT, speculation=ADAPTIVE,
+                                                  max_new_tokens=MAX_NEW_TOKENS))
+        assert tokens == expected
+        assert stats.shadow_probes >= 2
+        assert stats.decode_calls > stats.shadow_probes  # each probe ended its call
+        assert refuse.refused == 1
+    finally:
+        loop_thread.run(running.stop())
