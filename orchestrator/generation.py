@@ -630,6 +630,8 @@ class Generation:
         stretch.observed += rounds
         if shadow is not None and shadow.task is not None:
             await self._observe_shadow_probe(shadow)
+        if stretch.left(len(self.committed)) <= 0:
+            return None  # the call ends here anyway: the next is chosen as after any call
         next_rounds = self._plain_rounds()
         if next_rounds <= 0:
             stretch.ending = True
@@ -638,7 +640,7 @@ class Generation:
         stretch.segment_start, stretch.segment_started = len(self.committed), time.perf_counter()
         stretch.segment_end = stretch.segment_start + next_rounds
         # The probe goes out before the call's end, where the segment ends if it reaches it.
-        return self._take_shadow_probe(max(1, min(next_rounds, stretch.left(len(self.committed)))))
+        return self._take_shadow_probe(min(next_rounds, stretch.left(len(self.committed))))
 
     def _can_shadow_probe(self) -> bool:
         """Whether a probe can run beside a stretch (ShadowProbes): a model draft replica holding
