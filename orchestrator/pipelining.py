@@ -189,18 +189,18 @@ class StreamPaces:
 class RequestStreaming:
     """Pipelining auto's choice, request by request, between the adaptive controller's rounds and
     streaming the whole request (one Decode at a time, the draft's offers in its passes, every
-    call offered): streaming unless the rounds' requests measure a wall time per token lower by
-    more than `margin`, the other way tried again now and then (StreamPaces: True streams), apart
-    for greedy and sampled requests, whose drafts are accepted at different rates. Streaming is
-    measured first and kept on a near tie: with the draft on hardware of its own (auto runs
-    nothing ahead otherwise) it pays no round trip per token and at worst decodes as the target
-    alone does, where a round pays both hops; and a request's pace depends on its prompt more than
-    on its way, so a small difference between the ways' smoothed paces says little. A request
-    that tests the other way switches for the rest of it, after MIN_PACE_TOKENS tokens, when that
-    way is clearly the slower (StreamPaces.clearly_slower)."""
+    call offered): the controller's rounds unless streamed requests measure a wall time per token
+    lower by more than `margin`, the other way tried again now and then (StreamPaces: True
+    streams), apart for greedy and sampled requests, whose drafts are accepted at different rates.
+    The rounds are measured first and kept on a near tie: they are what adaptive K without
+    pipelining runs (its K = 0 stretches pay the target's round trip once per Decode call, as a
+    stream does), so auto is not worse than that for offers that add nothing; and a request's pace
+    depends on its prompt more than on its way, so a small difference between the ways' smoothed
+    paces says little. A request that tests the other way switches for the rest of it, after
+    MIN_PACE_TOKENS tokens, when that way is clearly the slower (StreamPaces.clearly_slower)."""
 
     def __init__(self, margin: float = 0.05) -> None:
-        self.paces = {greedy: StreamPaces(first=True, margin=margin) for greedy in (True, False)}
+        self.paces = {greedy: StreamPaces(first=False, margin=margin) for greedy in (True, False)}
 
     def streams_next(self, greedy: bool) -> bool:
         return self.paces[greedy].offer_next()
