@@ -240,9 +240,12 @@ class Generation:
                     offered = self._offered_stretch()
                 decoded: Chunk | None = None
                 # A streamed request under auto always offers: RequestStreaming chose it for its
-                # offers; a K = 0 stretch offers where its Decode calls measure that faster.
-                offers = offered is not None and (bool(self._streams) or offered.paces.offer_next())
-                stretch = self._open_stretch(plain_rounds, shadow, offers, streamed is not None)
+                # offers; a K = 0 stretch that can go on past its probes does not (it runs as
+                # adaptive K's own; offering is the streamed requests' way), another offers where
+                # its Decode calls measure that faster.
+                opens = self._can_open_stretch(plain_rounds, shadow, streamed is not None)
+                offers = offered is not None and (bool(self._streams) or (not opens and offered.paces.offer_next()))
+                stretch = self._open_stretch(plain_rounds) if opens and not offers else None
                 decoding = self._decode(plain_rounds, streamed=streamed is not None, stretch=stretch)
                 self._offers_stopped = False
                 offering = asyncio.create_task(self._offer_drafts(offered, shadow)) if offers else None
@@ -606,15 +609,15 @@ class Generation:
             return 0
         return rounds if self._looks_up_in_decode() else min(rounds, LOOKUP_PLAIN_STEPS)
 
-    def _open_stretch(self, plain_rounds: int, shadow: _ShadowProbe | None, offers: bool,
-                      streamed: bool) -> _OpenStretch | None:
-        """A stretch whose Decode goes on past its probe (_OpenStretch): a stretch the policy chose
-        with a probe beside it, no offers and no test of the request's way, on a target that can
-        end a Decode early. Its probe no longer costs a call; where the probe changes the choice,
-        the call ends after the target's pass then running."""
-        if (plain_rounds <= 0 or offers or streamed or self._way_on_trial or not self.replicas.ends_decodes
-                or (shadow is None and not self._can_shadow_probe())):
-            return None
+    def _can_open_stretch(self, plain_rounds: int, shadow: _ShadowProbe | None, streamed: bool) -> bool:
+        """Whether the coming stretch can go on past its probes (_OpenStretch): one the policy chose,
+        its probes beside it, not a streamed request's nor a test of the request's way, on a
+        target that can end a Decode early. Its probes no longer cost a call each; where one
+        changes the choice, the call ends after the target's pass then running."""
+        return (plain_rounds > 0 and not streamed and not self._way_on_trial and self.replicas.ends_decodes
+                and (shadow is not None or self._can_shadow_probe()))
+
+    def _open_stretch(self, plain_rounds: int) -> _OpenStretch:
         start = len(self.committed)
         return _OpenStretch(start, start, start + plain_rounds, time.perf_counter())
 

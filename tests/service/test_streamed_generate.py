@@ -216,8 +216,9 @@ def test_offers_branches_are_verified_where_c_left_the_drafts(distant_draft_stac
 def test_adaptive_requests_are_offered_drafts_under_pipelining_auto(distant_draft_stack, reference_target):
     """Adaptive K under pipelining auto, the draft 2 x 30 ms away: a request either streams (one
     Decode at a time, the draft's drafts offered to its passes) or runs the controller's rounds,
-    which decode mostly in K = 0 stretches, offered drafts too; each way is measured (the first two
-    long requests), then the faster taken. Greedy output is the target's."""
+    which decode mostly in K = 0 stretches (which go on past their probes, offering nothing: as
+    adaptive K's own); each way is measured (the first two long requests), then the faster taken.
+    Greedy output is the target's."""
     offers = passes = stretches = 0
     chosen = set()
     for prompt in _prompts(16):
