@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -183,6 +184,7 @@ class Generation:
         self.request_streaming = request_streaming
         self.pipelining_held = pipelining_held  # auto, held off: the draft shares the target's hardware
         self._streams: bool | None = None
+        self._network = 0  # the octave of the hops' round trips the request starts on (_network_octave)
         # Since when (perf_counter, generated tokens) the request has run its present way; whether
         # that way is a test still to be judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
         self._way_since: tuple[float, int] = (0.0, 0)
@@ -221,7 +223,8 @@ class Generation:
             first = await self.replicas.prefill(self.committed, self.uses_model_draft, defer_draft=defer_draft)
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             if self.request_streaming is not None and self._offered_stretch() is not None:
-                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy)
+                self._network = self._network_octave()
+                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy, self._network)
             chunk: Chunk | None = self._commit([first])
             self._start_way()
             while chunk is None or chunk.finish_reason is None:
@@ -369,12 +372,21 @@ class Generation:
         nor while the guard holds the whole system at K = 0."""
         return self.request.speculate and (self.guard is None or self.guard.allows_speculation())
 
+    def _network_octave(self) -> int:
+        """The network the request starts on, as RequestStreaming keeps its measurements apart:
+        the octave of the draft's and the target's round trips together, in milliseconds, as the
+        session's controller starts with them (the pool's latest)."""
+        figures = self.policy.estimates()
+        total = figures.get("rtt_draft", 0.0) + figures.get("rtt_target", 0.0)
+        return int(math.log2(max(1.0, total * 1000.0)))
+
     def _start_way(self) -> None:
         """The request runs its way (RequestStreaming: rounds or streamed) from here; a test of
         the way the measurements do not favour is judged at MIN_PACE_TOKENS."""
         self._way_since = (time.perf_counter(), self.stats.generated_tokens)
         self._way_on_trial = (self._streams is not None and self.request_streaming is not None
-                              and self.request_streaming.is_test(self.request.sampling.greedy, self._streams))
+                              and self.request_streaming.is_test(self.request.sampling.greedy, self._streams,
+                                                                 self._network))
 
     def _way_pace(self) -> tuple[int, float]:
         """Tokens committed the present way, and their wall time per token."""
@@ -394,8 +406,8 @@ class Generation:
             return
         self._way_on_trial = False
         greedy = self.request.sampling.greedy
-        if self.request_streaming.clearly_slower(greedy, self._streams, pace):
-            self.request_streaming.observe(greedy, self._streams, pace)
+        if self.request_streaming.clearly_slower(greedy, self._streams, pace, self._network):
+            self.request_streaming.observe(greedy, self._streams, pace, self._network)
             self._streams, self._switched = not self._streams, True
             self._start_way()
             self._way_on_trial = False
@@ -406,7 +418,7 @@ class Generation:
         assert self.request_streaming is not None and self._streams is not None
         tokens, pace = self._way_pace()
         if tokens >= MIN_PACE_TOKENS:
-            self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace)
+            self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace, self._network)
 
     def _streamed(self) -> StreamedDrafts | None:
         """Streamed speculation for the coming Decode (orchestrator/pipelining.py), when the

@@ -191,31 +191,38 @@ class RequestStreaming:
     streaming the whole request (one Decode at a time, the draft's offers in its passes, every
     call offered): the controller's rounds unless streamed requests measure a wall time per token
     lower by more than `margin`, the other way tried again now and then (StreamPaces: True
-    streams), apart for greedy and sampled requests, whose drafts are accepted at different rates.
-    The rounds are measured first and kept on a near tie: they are what adaptive K without
-    pipelining runs (its K = 0 stretches pay the target's round trip once per Decode call, as a
-    stream does), so auto is not worse than that for offers that add nothing; and a request's pace
-    depends on its prompt more than on its way, so a small difference between the ways' smoothed
-    paces says little. A request that tests the other way switches for the rest of it, after
-    MIN_PACE_TOKENS tokens, when that way is clearly the slower (StreamPaces.clearly_slower)."""
+    streams), apart for greedy and sampled requests, whose drafts are accepted at different rates,
+    and for each network the requests start on (`network`: the caller's bucket of the hops' round
+    trips; which way is faster turns on them, and a pace measured on another network says little
+    about this one). The rounds are measured first and kept on a near tie: they are what adaptive
+    K without pipelining runs (its K = 0 stretches pay the target's round trip once per Decode
+    call, as a stream does), so auto is not worse than that for offers that add nothing; and a
+    request's pace depends on its prompt more than on its way, so a small difference between the
+    ways' smoothed paces says little. A request that tests the other way switches for the rest of
+    it, after MIN_PACE_TOKENS tokens, when that way is clearly the slower
+    (StreamPaces.clearly_slower)."""
 
     def __init__(self, margin: float = 0.05) -> None:
-        self.paces = {greedy: StreamPaces(first=False, margin=margin) for greedy in (True, False)}
+        self.margin = margin
+        self.paces: dict[tuple[bool, int], StreamPaces] = {}
 
-    def streams_next(self, greedy: bool) -> bool:
-        return self.paces[greedy].offer_next()
+    def _paces(self, greedy: bool, network: int) -> StreamPaces:
+        return self.paces.setdefault((greedy, network), StreamPaces(first=False, margin=self.margin))
 
-    def is_test(self, greedy: bool, streams: bool) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0) -> bool:
+        return self._paces(greedy, network).offer_next()
+
+    def is_test(self, greedy: bool, streams: bool, network: int = 0) -> bool:
         """Whether a request that streams (or runs rounds) goes against the measurements."""
-        return self.paces[greedy].is_test(streams)
+        return self._paces(greedy, network).is_test(streams)
 
-    def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float) -> bool:
-        return self.paces[greedy].clearly_slower(seconds_per_token, streams)
+    def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float, network: int = 0) -> bool:
+        return self._paces(greedy, network).clearly_slower(seconds_per_token, streams)
 
-    def observe(self, greedy: bool, streamed: bool, seconds_per_token: float) -> None:
+    def observe(self, greedy: bool, streamed: bool, seconds_per_token: float, network: int = 0) -> None:
         """The wall time per token of a request's tokens after its first, or of the part of them
         it ran one way (MIN_PACE_TOKENS tokens or more)."""
-        self.paces[greedy].observe(streamed, seconds_per_token)
+        self._paces(greedy, network).observe(streamed, seconds_per_token)
 
 
 # Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.

@@ -141,3 +141,22 @@ def test_a_request_that_tests_the_slower_way_is_told_apart():
     streaming.observe(True, True, 0.020)  # streaming now clearly faster (smoothed: 0.0326)
     assert streaming.is_test(True, False) and not streaming.is_test(True, True)
     assert streaming.clearly_slower(True, False, 0.045) and not streaming.clearly_slower(True, True, 0.035)
+
+
+def test_each_network_measures_its_own_ways():
+    """Paces measured on one network (the caller's bucket of its round trips) do not choose the
+    way on another: there both ways are measured afresh, rounds first."""
+    streaming = RequestStreaming()
+    near = {g: {True: 0.030, False: 0.020} for g in (True, False)}  # rounds faster, near
+    for _ in range(10):
+        for greedy in (True, False):
+            streams = streaming.streams_next(greedy, network=3)
+            streaming.observe(greedy, streams, near[greedy][streams], network=3)
+    assert not streaming.streams_next(True, network=3)
+    far = [streaming.streams_next(True, network=6)]  # rounds first, measured at 0.040
+    streaming.observe(True, far[-1], 0.040, network=6)
+    far.append(streaming.streams_next(True, network=6))  # then streaming, measured faster
+    streaming.observe(True, far[-1], 0.030, network=6)
+    far.append(streaming.streams_next(True, network=6))
+    assert far == [False, True, True]
+    assert not streaming.streams_next(True, network=3)  # the near network keeps its own answer
