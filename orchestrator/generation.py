@@ -185,6 +185,7 @@ class Generation:
         self.pipelining_held = pipelining_held  # auto, held off: the draft shares the target's hardware
         self._streams: bool | None = None
         self._network = 0  # the octave of the hops' round trips the request starts on (_network_octave)
+        self._tested_ahead = False  # a round drafted ahead as a test (AheadPlan.test)
         # Since when (perf_counter, generated tokens) the request has run its present way; whether
         # that way is a test still to be judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
         self._way_since: tuple[float, int] = (0.0, 0)
@@ -326,6 +327,7 @@ class Generation:
         plan = NO_AHEAD
         if num_speculative_tokens > 0 and self.local_draft is None and self.replicas.has_draft:
             plan = self.pipeline.plan(num_speculative_tokens, self.limits.max_num_speculative_tokens)
+            self._tested_ahead = self._tested_ahead or plan.test
         proposed, method, ahead_call = None, "", None
         if branch is not None:  # drafted ahead last round: the target gets it at once
             proposal = branch
@@ -414,10 +416,13 @@ class Generation:
 
     def _observe_way_pace(self) -> None:
         """Tells RequestStreaming the wall time per token of the request's tokens after its
-        first that ran its last way, when there are enough of them to say."""
+        first that ran its last way, when there are enough of them to say, and its rounds ran no
+        test of drafting ahead (a fresh pool's, while the draft's candidate ranks are measured:
+        the pace of a rounds request with tests is not the rounds' own, and measured so, it chose
+        streaming for requests after it that then ran slower)."""
         assert self.request_streaming is not None and self._streams is not None
         tokens, pace = self._way_pace()
-        if tokens >= MIN_PACE_TOKENS:
+        if tokens >= MIN_PACE_TOKENS and (self._streams or not self._tested_ahead):
             self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace, self._network)
 
     def _streamed(self) -> StreamedDrafts | None:

@@ -385,6 +385,7 @@ class AdaptiveKController:
         self._ahead: PipelineController | None = None  # pipeline auto: drafting ahead, chosen with K
         self._max_fanout = 0
         self._planned_fanout = 0  # this round's fan-out, chosen in choose()
+        self._planned_test = False  # whether drafting ahead this round is a test (_ranks_pending)
         self._num_speculative_tokens = cfg.initial_num_speculative_tokens
         self._pending_catchup_tokens = 0  # committed tokens the draft missed during K = 0 rounds
         self._rounds_since_probe = 0
@@ -404,6 +405,11 @@ class AdaptiveKController:
     # -- KPolicy ---------------------------------------------------------------------------------
 
     def choose(self, max_num_speculative_tokens: int) -> int:
+        num_speculative_tokens = self._choose(max_num_speculative_tokens)
+        self._planned_test = self._planned_fanout > 0 and self._ranks_pending()
+        return num_speculative_tokens
+
+    def _choose(self, max_num_speculative_tokens: int) -> int:
         max_num_speculative_tokens = min(max_num_speculative_tokens, self._config.max_num_speculative_tokens)
         self._planned_fanout = 0
         num_speculative_tokens = self._choose_plain(max_num_speculative_tokens)
@@ -560,6 +566,12 @@ class AdaptiveKController:
         self._ahead = PipelineController(priors=priors)
         self._max_fanout = max_fanout
         return _AutoPipeline(self)
+
+    @property
+    def planned_test(self) -> bool:
+        """Whether this round's drafting ahead is a test: chosen while the draft's candidate
+        ranks were still to be measured, with K = 0 priced as a Verify round (_ranks_pending)."""
+        return self._planned_test
 
     @property
     def planned_fanout(self) -> int:
@@ -928,7 +940,10 @@ class _AutoPipeline:
 
     def plan(self, num_speculative_tokens: int, max_num_speculative_tokens: int) -> AheadPlan:
         fanout = self._controller.planned_fanout
-        return AheadPlan(fanout, min(num_speculative_tokens, max_num_speculative_tokens)) if fanout else NO_AHEAD
+        if not fanout:
+            return NO_AHEAD
+        return AheadPlan(fanout, min(num_speculative_tokens, max_num_speculative_tokens),
+                         test=self._controller.planned_test)
 
     def observe_ahead(self, observation: AheadObservation) -> None:
         self._controller.observe_ahead(observation)

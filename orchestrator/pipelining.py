@@ -48,6 +48,10 @@ class AheadPlan:
 
     fanout: int = 0
     branch_num_speculative_tokens: int = 0
+    # A test: drafting ahead tried while the draft's candidate ranks are still to be measured
+    # (pipelining auto), not chosen on measured figures; the request's pace is then no measure
+    # of its way (RequestStreaming).
+    test: bool = False
 
     @property
     def drafts_ahead(self) -> bool:
@@ -202,7 +206,7 @@ class RequestStreaming:
     it, after MIN_PACE_TOKENS tokens, when that way is clearly the slower
     (StreamPaces.clearly_slower)."""
 
-    def __init__(self, margin: float = 0.05) -> None:
+    def __init__(self, margin: float = 0.1) -> None:
         self.margin = margin
         self.paces: dict[tuple[bool, int], StreamPaces] = {}
 

@@ -354,3 +354,19 @@ def test_fixed_k_ignores_streamed_paces() -> None:
     policy = FixedK(2)
     policy.observe_stream_pace(0.01)
     assert policy.choose(8) == 2 and policy.estimates() == {}
+
+
+def test_a_round_drafted_ahead_while_the_ranks_are_pending_is_planned_as_a_test() -> None:
+    """The plan of a round that drafts ahead says whether it is a test (the ranks still pending,
+    K = 0 priced as a Verify round) or chosen on measured figures: a request's pace with tests in
+    it is no measure of its way (RequestStreaming)."""
+    world = draft_hop_world()
+    pending = auto_controller(PipelinePriors())
+    play(pending, SimulatedServices(1), world, 200)
+    assert pending.choose(K_MAX) > 0 and pending.planned_fanout > 0
+    assert pending.planned_test
+    sure = PipelinePriorEstimates(c_bonus=(0.97, 0.98, 0.99), c_corr=(0.97, 0.98, 0.99))
+    measured_pool = auto_controller(measured(PipelinePriors(initial=sure)))
+    play(measured_pool, SimulatedServices(1), world, 200)
+    assert measured_pool.choose(K_MAX) > 0 and measured_pool.planned_fanout > 0
+    assert not measured_pool.planned_test
