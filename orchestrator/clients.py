@@ -130,6 +130,17 @@ class ReplicaClient:
             raise domain_error(self.address, error) from error
         return response, time.perf_counter() - started
 
+    async def _call_if_implemented(self, method: Callable[..., Awaitable[Response]], request: object,
+                                   timeout: float) -> Response | None:
+        """The response, None where the replica answered UNIMPLEMENTED (it predates the method),
+        or the domain error of a failed call."""
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise domain_error(self.address, error) from error
+            return None
+
     async def info(self) -> ReplicaInfo:
         response, _ = await self._call(self._stub.Info, common_pb2.InfoRequest(), self.timeouts.control_seconds)
         return convert.info_from_proto(response)
@@ -276,11 +287,8 @@ class TargetClient(ReplicaClient):
                 draft_distributions=[convert.distribution_to_proto(d) for d in b.proposal.distributions])
                 for b in offer.branches],
         )
-        try:
-            response = await self._stub.Offer(request, timeout=self.timeouts.step_seconds)
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise domain_error(self.address, error) from error
+        response = await self._call_if_implemented(self._stub.Offer, request, self.timeouts.step_seconds)
+        if response is None:
             self.offers = False
             return False, 0
         return response.held, response.committed_length
@@ -292,11 +300,8 @@ class TargetClient(ReplicaClient):
         if not self.ends_decodes:
             return False
         request = target_pb2.EndDecodeRequest(session_id=session_id, start=start)
-        try:
-            response = await self._stub.EndDecode(request, timeout=self.timeouts.step_seconds)
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise domain_error(self.address, error) from error
+        response = await self._call_if_implemented(self._stub.EndDecode, request, self.timeouts.step_seconds)
+        if response is None:
             self.ends_decodes = False
             return False
         return response.ending
