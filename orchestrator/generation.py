@@ -105,12 +105,15 @@ class GenerationLimits:
 
 @dataclass
 class _ShadowProbe:
-    """A probe to run beside a stretch: its K, the length of C at which it is sent, and once sent,
-    the draft's Propose and the length of C it drafts from."""
+    """A probe to run beside a stretch: its K, the length of C at which it is sent, its fan-out
+    (> 0: it drafts ahead, a Speculate, to measure the draft's candidate ranks), and once sent,
+    the draft's proposal with what it drafted ahead (None: nothing) and the length of C it drafts
+    from."""
 
     num_speculative_tokens: int
     launch_at: int
-    task: asyncio.Task[Reply[Proposal] | None] | None = None
+    fanout: int = 0
+    task: asyncio.Task[tuple[Reply[Proposal], DraftedAhead | None] | None] | None = None
     start: int = 0
 
 
@@ -676,12 +679,16 @@ class Generation:
         the draft is left with only those to catch up on when drafting resumes."""
         if not isinstance(self.policy, ShadowProbes):
             return None
+        fanout = self.policy.shadow_probe_fanout
         num_speculative_tokens = min(self.policy.shadow_probe(), self._max_num_speculative_tokens())
         if num_speculative_tokens <= 0 or not self._model_draft_in_reach():
             return None
         remaining = self.request.max_new_tokens - self.stats.generated_tokens
         steps = min(plain_rounds, MAX_DECODE_STEPS, remaining, self.limits.max_context - len(self.committed))
-        return _ShadowProbe(num_speculative_tokens, len(self.committed) + max(0, steps - num_speculative_tokens))
+        # Drafting ahead, one token earlier: the stretch then holds the token after all K drafts
+        # too (an outcome's, where every draft matched).
+        tested = num_speculative_tokens + (1 if fanout else 0)
+        return _ShadowProbe(num_speculative_tokens, len(self.committed) + max(0, steps - tested), fanout)
 
     def _launch_shadow_probe(self, shadow: _ShadowProbe | None) -> None:
         """Sends the probe's Propose, from C as it is now, once the stretch has reached its start
@@ -689,13 +696,25 @@ class Generation:
         if shadow is None or shadow.task is not None or len(self.committed) < shadow.launch_at:
             return
         start = list(self.committed)
-        num_speculative_tokens = shadow.num_speculative_tokens
+        num_speculative_tokens, fanout = shadow.num_speculative_tokens, shadow.fanout
 
-        async def propose() -> Reply[Proposal] | None:
+        async def propose() -> tuple[Reply[Proposal], DraftedAhead | None] | None:
             await self.replicas.settle_draft(start)
             if not self.replicas.has_draft:
                 return None
-            return await self.replicas.propose(start, num_speculative_tokens)
+            if not fanout:
+                reply = await self.replicas.propose(start, num_speculative_tokens)
+                return (reply, None) if reply is not None else None
+            # One draft per branch: the branches are not used, their candidates are what it measures.
+            started = await self.replicas.speculate(start, num_speculative_tokens, fanout, 1)
+            if started is None:
+                return None
+            reply, call = started
+            try:
+                ahead = await self.replicas.branches(call)
+            finally:
+                call.cancel()
+            return reply, (ahead[0] if ahead is not None else None)
 
         shadow.start = len(start)
         shadow.task = asyncio.create_task(propose())
@@ -707,12 +726,13 @@ class Generation:
         try:
             # Nothing cancels the probe alone while it is awaited here: a CancelledError is the
             # request's (it cancels the probe with it) and goes on up.
-            reply = await shadow.task
+            answer = await shadow.task
         except Exception as error:  # a probe is only a measurement: the request goes on without it
             log.info("a probe beside a stretch failed: %s", error)
             return
-        if reply is None or not isinstance(self.policy, ShadowProbes):
+        if answer is None or not isinstance(self.policy, ShadowProbes):
             return
+        reply, ahead = answer
         drafts = reply.value.token_ids
         decoded = self.committed[shadow.start:shadow.start + len(drafts)]
         if not decoded:
@@ -735,6 +755,31 @@ class Generation:
             draft_compute_seconds=reply.timing.compute_seconds, draft_wall_seconds=reply.timing.wall_seconds,
             draft_fed_tokens=reply.value.fed_tokens, verify_compute_seconds=0.0, verify_wall_seconds=0.0)
         self.policy.observe_shadow(observation, tested=tested, behind=len(self.committed) - shadow.start)
+        if ahead is not None and self.request.sampling.greedy:
+            self._observe_shadow_outcome(shadow, len(drafts), matched, ahead)
+
+    def _observe_shadow_outcome(self, shadow: _ShadowProbe, num_speculative_tokens: int, matched: int,
+                                ahead: DraftedAhead) -> None:
+        """A probe that drafted ahead beside a stretch (greedy): the stretch's tokens are what a
+        Verify of its drafts would have committed, so its outcome, j drafts accepted then the
+        stretch's next token t, and t's rank among the draft's candidates there are a
+        drafted-ahead round's, told to the pipeline policy as one (no branch was verified)."""
+        at = shadow.start + matched
+        if at >= len(self.committed):
+            return  # the stretch ended before the outcome's token
+        token = self.committed[at]
+        self.pipeline.observe_ahead(AheadObservation(
+            num_speculative_tokens=num_speculative_tokens,
+            num_accepted=matched,
+            rank=ahead.rank(matched, token),
+            candidates=len(ahead.candidates[matched]) if matched < len(ahead.candidates) else 0,
+            fanout=shadow.fanout,
+            branches=0,
+            branch_num_speculative_tokens=1,
+            compute_seconds=0.0,
+            after_proposal_seconds=0.0,
+            call_hop_seconds=None,
+        ))
 
     def _sampled_chances(self, proposal: Proposal, start: int, decoded: list[int]) -> tuple[float, ...]:
         """Under sampling, min(1, q~_i(y_i) / p(y_i)) for each decoded token y_i from where the
@@ -1132,3 +1177,4 @@ def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome
         drafting_ahead=drafting_ahead,
         lookup_match_lengths=lookup_match_lengths,
     )
+

@@ -262,6 +262,10 @@ def speedup_bound(
 # A plain decoding pace outside this range of the predicted K = 0 round is taken as its bound (a
 # stalled stream, or a first token that came at once, is not the pace of K = 0 rounds).
 PLAIN_FACTOR_RANGE = (0.25, 4.0)
+# K = 0 rounds between probes beside a stretch while they measure the pool's candidate ranks
+# (pipelining auto, _measures_ranks_beside): a rank each, PipelineConfig.measured_outcomes of them
+# within the first request or two.
+RANK_PROBE_INTERVAL = 8
 
 
 @dataclass(frozen=True)
@@ -341,16 +345,21 @@ class AdaptiveKController:
 
     One instance per session; `priors`, if given, is shared by the sessions of a pool: it seeds
     this session's estimates and receives them after every round. shadow_probes: the session can
-    probe beside a stretch (a model draft; see the module docstring).
+    probe beside a stretch (a model draft; see the module docstring). ranks_beside: those probes
+    can also measure the draft's candidate ranks for pipelining auto (greedy: the stretch's tokens
+    are what a Verify would commit; _measures_ranks_beside).
     """
 
     def __init__(
         self, config: KControllerConfig | None = None, priors: ControllerPriors | None = None,
-        lookup_priors: LookupPriors | None = None, shadow_probes: bool = False,
+        lookup_priors: LookupPriors | None = None, shadow_probes: bool = False, ranks_beside: bool = False,
     ) -> None:
         self._config = config if config is not None else KControllerConfig()
         self._shadow_probes = shadow_probes
+        self._ranks_beside = shadow_probes and ranks_beside
         self._shadow_num_speculative_tokens = 0  # a probe taken beside the coming stretch, not yet run
+        self._shadow_fanout = 0  # its fan-out: > 0 where it drafts ahead to measure a rank
+        self._beside = shadow_probes  # whether the caller can run probes beside its stretches (plain_rounds)
         self._priors = priors
         self._lookup_priors = lookup_priors
         self._lookups: LookupAcceptance | None = None  # made at the first lookup round
@@ -426,6 +435,8 @@ class AdaptiveKController:
             # else measures it.
             self._planned_fanout = min(1, self._max_fanout)
             return num_speculative_tokens
+        if num_speculative_tokens == 0 and self._plain_pace_unmeasured():
+            return 0  # a stretch first (plain_rounds), its pace what drafting ahead is weighed against
         costs = self._costs()
         if costs is None:
             return num_speculative_tokens
@@ -445,19 +456,53 @@ class AdaptiveKController:
         plain drafting does not; until its ranks are measured, at hopeful ranks against K = 0
         priced as Verify rounds, so that it is tried: _ranks_pending).
         shadow: the caller can run a probe beside the stretch; a probe due then does not end
-        the stretch but is taken for it (shadow_probe() gives its K)."""
-        self._shadow_num_speculative_tokens = 0
+        the stretch but is taken for it (shadow_probe() gives its K, shadow_probe_fanout whether
+        it drafts ahead). Where it can, the pool's candidate ranks are measured by those probes
+        (_measures_ranks_beside) and drafting ahead waits for them, with K = 0 at its pace: each
+        probe drafts ahead at fan-out 1 and its outcome's rank is read off the stretch's tokens
+        (and goes on doing so once they are measured: they are what weighs drafting ahead against
+        K = 0 while no round drafts ahead)."""
+        self._shadow_num_speculative_tokens = self._shadow_fanout = 0
+        self._beside = shadow
         if self._num_speculative_tokens != 0:
             return 0
-        if self._ahead is not None and self._ahead_pays():
-            # Drafting ahead beats K = 0 (while the ranks are pending, at hopeful ranks against K = 0
-            # priced as Verify rounds, so that it is tried; where even so it does not, K = 0
-            # stretches to the next probe, which drafts ahead and measures a rank).
+        measuring = self._measures_ranks_beside()
+        if (self._ahead is not None and not measuring and not self._plain_pace_unmeasured()
+                and self._ahead_pays()):
+            # Drafting ahead beats K = 0 (while the ranks are pending and no probe beside a stretch
+            # can measure them, at hopeful ranks against K = 0 priced as Verify rounds, so that it
+            # is tried; where even so it does not, K = 0 stretches to the next probe, which drafts
+            # ahead and measures a rank).
             return 0
-        if shadow and self._shadows and self._rounds_since_probe >= self._probe_interval:
+        interval = min(self._probe_interval, RANK_PROBE_INTERVAL) if measuring else self._probe_interval
+        if shadow and self._shadows and self._rounds_since_probe >= interval:
             self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
+            self._shadow_fanout = 1 if self._ahead is not None and self._ranks_beside else 0
             self._rounds_since_probe = 0
-        return max(0, self._probe_interval - self._rounds_since_probe)
+        return max(0, interval - self._rounds_since_probe)
+
+    def _measures_ranks_beside(self) -> bool:
+        """Under pipelining auto, whether the pool's candidate ranks are still to be measured
+        (PipelineConfig.measured_outcomes) and this session measures them beside its stretches:
+        its probes there draft ahead (shadow_probe_fanout) and the stretch's tokens give each
+        one's outcome and rank, as a drafted-ahead round would, without the round. Until then
+        drafting ahead from K = 0 waits and K = 0 is priced at its pace (on the default pair at
+        30 ms a fresh pool's drafted-ahead tests in place of stretches cost its first requests
+        10-25 %). Greedy only: under sampling a round's correction is drawn from the residual and its
+        bonus with the round's own uniform, which a stretch's tokens are not, so there (and
+        without probes beside stretches) the ranks are measured by drafted-ahead rounds instead
+        (_ranks_pending)."""
+        return (self._ahead is not None and self._ranks_beside and self._beside
+                and not self._ahead.ranks_measured)
+
+    def _plain_pace_unmeasured(self) -> bool:
+        """Under pipelining auto, whether neither this session nor its pool has measured a K = 0
+        stretch's pace yet: then K = 0 comes first, stretched to the next probe, so that drafting
+        ahead is weighed against the pace measured. Until then K = 0 is priced at a target pass
+        per token, and a target whose Decode runs faster than that (its own draft head) would
+        lose its first requests to drafted-ahead rounds that a measured stretch outruns (a fresh
+        orchestrator's first request on the default pair at 30 ms: 0.7-0.8x a stretch's pace)."""
+        return self._ahead is not None and self._plain_factor.value is None
 
     def _ahead_pays(self) -> bool:
         """Under pipelining auto, whether drafting ahead now beats K = 0 (with its hysteresis)."""
@@ -468,10 +513,17 @@ class AdaptiveKController:
 
     @property
     def _shadows(self) -> bool:
-        """Whether this session probes beside its stretches: shadow_probes, and under pipelining
-        auto only once the pool has measured the draft's candidate ranks (until then its probes
-        from K = 0 draft ahead, to measure them)."""
+        """Whether this session probes beside its stretches: shadow_probes, where the caller can
+        (under pipelining auto, while the draft's candidate ranks are pending and no probe beside
+        a stretch can measure them, its probes from K = 0 are drafted-ahead rounds instead)."""
         return self._shadow_probes and not self._ranks_pending()
+
+    @property
+    def shadow_probe_fanout(self) -> int:
+        """The fan-out of the probe shadow_probe() gives (before it is taken): > 0 where it drafts
+        ahead, to measure the candidate ranks (pipelining auto, ranks_beside); its outcome goes to
+        the pipeline's observe_ahead."""
+        return self._shadow_fanout
 
     def shadow_probe(self) -> int:
         """K of the probe plain_rounds(shadow=True) took for the stretch the caller now runs (0:
@@ -502,7 +554,8 @@ class AdaptiveKController:
         self._update_draft_estimates(observation, index, upper_bounds=True)
         self._pending_catchup_tokens = max(0, behind)
         self._decide()
-        self._space_probes()
+        if not self._measures_ranks_beside():  # those probes measure the ranks, not a K = 0 to back off from
+            self._space_probes()
         if self._priors is not None:
             self._priors.update(self._session_estimates())
 
@@ -811,7 +864,8 @@ class AdaptiveKController:
         is priced at its pace. Nor once this session has run its share of the tests
         (PipelineConfig.session_test_rounds): from then on its drafted-ahead rounds have to beat
         K = 0 at its pace. True while the costs are not known."""
-        if self._ahead is None or self._ahead.ranks_measured or self._ahead.tests_spent:
+        if (self._ahead is None or self._ahead.ranks_measured or self._ahead.tests_spent
+                or self._measures_ranks_beside()):
             return False
         base = verify_round_costs if verify_round_costs is not None else self._verify_round_costs()
         costs = self._with_draft(self._at_plain_pace(base), include_catchup=False) if base is not None else None

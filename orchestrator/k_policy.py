@@ -152,6 +152,12 @@ class ShadowProbes(Protocol):
     def shadow_probe(self) -> int:
         """K of the probe that plain_rounds(shadow=True) took for the coming stretch; 0: none."""
 
+    @property
+    def shadow_probe_fanout(self) -> int:
+        """That probe's fan-out, read before shadow_probe(): > 0 where it drafts ahead (a Speculate)
+        to measure the draft's candidate ranks, its outcome read off the stretch's tokens and told
+        to the pipeline policy (observe_ahead) as a drafted-ahead round's."""
+
     def observe_shadow(self, observation: RoundObservation, tested: int, behind: int) -> None:
         """Record it: its K, the drafts matched and the Propose's timings (no target figures);
         under sampling its acceptance_signal holds min(1, q~(y) / p(y)) for each position tested

@@ -281,10 +281,12 @@ class OrchestratorService:
         )
         kind = "greedy" if greedy else "sampled"
         # Probes beside a stretch, with a model draft: its matches are its acceptance (greedy), or
-        # give it with the target's p (sampling). Under pipelining auto once the draft's candidate
-        # ranks are measured (AdaptiveKController._shadows).
+        # give it with the target's p (sampling). Under pipelining auto, greedy, they also measure
+        # the draft's candidate ranks (drafting ahead at fan-out 1); sampled, once the ranks are
+        # measured by drafted-ahead rounds (AdaptiveKController._shadows).
         return AdaptiveKController(controller, priors=self.controller_priors[kind],
-                                   lookup_priors=self.lookup_priors[kind], shadow_probes=self.model_draft)
+                                   lookup_priors=self.lookup_priors[kind], shadow_probes=self.model_draft,
+                                   ranks_beside=greedy)
 
     def draft_shares_compute(self) -> bool:
         """Whether every draft replica computes on the hardware of every target replica (the same

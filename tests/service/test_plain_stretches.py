@@ -347,3 +347,31 @@ def test_a_target_without_end_decode_gets_stretches_that_end_at_their_probes(loo
         assert refuse.refused == 1
     finally:
         loop_thread.run(running.stop())
+
+
+def test_under_pipelining_auto_the_draft_ranks_are_measured_beside_the_stretches(loop_thread, tiny_pair, expected):
+    """Pipelining auto, greedy, a fresh orchestrator: the draft's candidate ranks, which weigh
+    drafting ahead, are measured by the probes beside the stretches (each a Speculate at fan-out
+    1, its outcome and rank read off the stretch's tokens), not by drafted-ahead rounds in place
+    of stretches; the pool counts them as drafted-ahead outcomes. The output is the target's own
+    (the probes' branches are the draft session's forks, never its committed cache)."""
+    from orchestrator.pipeline_policy import PipelineConfig
+    from tests.stack import auto_pipelining_as_on_separate_hardware
+
+    running = loop_thread.run(start_lookup_stack(tiny_pair.target_dir, tiny_pair.far_draft_dir, "model"))
+    try:
+        with auto_pipelining_as_on_separate_hardware(running.service):
+            tokens, stats = loop_thread.run(_generate(
+                running.service, PROMPT, SamplingParams(), speculation=Speculation(mode="adaptive", pipeline="auto"),
+                max_new_tokens=MAX_NEW_TOKENS))
+            assert tokens == expected
+            outcomes = running.service.pipeline_priors["greedy"].outcomes
+            assert stats.pipelined_rounds == 0, list(stats.num_speculative_tokens_per_round)
+            assert PipelineConfig().measured_outcomes <= outcomes <= stats.shadow_probes, (outcomes, stats.shadow_probes)
+            # The next request, its pool's ranks measured, still gives the target's own output.
+            again, _ = loop_thread.run(_generate(
+                running.service, PROMPT, SamplingParams(), speculation=Speculation(mode="adaptive", pipeline="auto"),
+                max_new_tokens=MAX_NEW_TOKENS))
+            assert again == expected
+    finally:
+        loop_thread.run(running.stop())

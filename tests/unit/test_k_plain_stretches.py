@@ -78,9 +78,9 @@ def measured(priors: PipelinePriors) -> PipelinePriors:
     return priors
 
 
-def auto_controller(priors: PipelinePriors, shadow_probes: bool = False) -> AdaptiveKController:
+def auto_controller(priors: PipelinePriors, shadow_probes: bool = False, ranks_beside: bool = False) -> AdaptiveKController:
     controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX),
-                                     shadow_probes=shadow_probes)
+                                     shadow_probes=shadow_probes, ranks_beside=ranks_beside)
     controller.pipeline(max_fanout=3, priors=priors)
     return controller
 
@@ -109,6 +109,39 @@ def test_pipelining_auto_tries_drafting_ahead_at_hopeful_ranks_until_they_are_me
     assert controller.choose(K_MAX) > 0 and controller.planned_fanout > 0
     measured(priors)
     assert controller.plain_rounds() > 0
+
+
+def test_pipelining_auto_stretches_first_until_the_pool_has_a_stretch_pace() -> None:
+    """Before the session or its pool has measured a K = 0 stretch's pace, K = 0 comes first, as a
+    stretch to the next probe, even where the pending ranks would have drafting ahead tried: its
+    price until then (a target pass per token) is no measure of a target whose Decode runs
+    faster. Once its pace is measured drafting ahead is weighed against it (here: tried), and a
+    later session of the pool starts from that pace, without a stretch first."""
+    world = draft_hop_world()
+    pool = ControllerPriors()
+
+    def session() -> AdaptiveKController:
+        controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX), priors=pool)
+        controller.pipeline(max_fanout=3, priors=PipelinePriors())
+        return controller
+
+    first = session()
+    services = SimulatedServices(1)
+    first.observe(services.round(first.choose(K_MAX), world))  # its opening round, at the initial K
+    assert "plain_factor" not in first.estimates()
+    stretch = first.plain_rounds()
+    assert stretch > 0
+    assert first.choose(K_MAX) == 0 and first.planned_fanout == 0  # no drafting ahead before it
+    for _ in range(stretch):
+        services.round(0, world)
+    first.observe_plain(stretch, world.plain_pace(stretch))
+    assert first.plain_rounds() == 0
+    assert first.choose(K_MAX) > 0 and first.planned_fanout > 0 and first.planned_test
+
+    later = session()
+    later.observe(SimulatedServices(2).round(later.choose(K_MAX), world))
+    assert later.plain_rounds() == 0
+    assert later.choose(K_MAX) > 0 and later.planned_fanout > 0
 
 
 def test_pipelining_auto_stops_testing_a_draft_whose_candidates_keep_missing() -> None:
@@ -156,13 +189,18 @@ def test_a_session_runs_its_share_of_the_tests_then_drafts_ahead_only_on_its_mer
     for rank in ranks[:-1]:
         test_round(rank)
     assert controller.plain_rounds() == 0  # still testing
+    assert controller.choose(K_MAX) > 0 and controller.planned_test
     test_round(ranks[-1])
     assert priors.outcomes == share < PipelineConfig().measured_outcomes
-    assert controller.plain_rounds() > 0  # its share spent: a stretch wins at its pace
+    # Its share spent: K = 0 is priced at its pace, so drafting ahead runs only where it beats
+    # that (here a near tie, kept either way by the hysteresis), never as a test.
+    controller.choose(K_MAX)
+    assert not controller.planned_test
 
     newcomer = auto_controller(priors)
     play(newcomer, SimulatedServices(1), world, 100)
     assert newcomer.plain_rounds() == 0  # the pool's ranks are still pending: it tests
+    assert newcomer.choose(K_MAX) > 0 and newcomer.planned_test
 
 
 def target_hop_world() -> Conditions:

@@ -13,10 +13,17 @@ import pytest
 import torch
 
 from orchestrator.generation import sampled_acceptance_chances
-from orchestrator.k_controller import AdaptiveKController, KControllerConfig, best_k, seconds_per_token
+from orchestrator.k_controller import (
+    RANK_PROBE_INTERVAL,
+    AdaptiveKController,
+    KControllerConfig,
+    best_k,
+    seconds_per_token,
+)
 from orchestrator.k_estimates import AcceptanceEstimate, ControllerPriors, PriorEstimates
 from orchestrator.k_policy import DecodedPasses, RoundObservation, ShadowProbes
-from orchestrator.pipeline_policy import PipelinePriorEstimates, PipelinePriors
+from orchestrator.pipeline_policy import PipelineConfig, PipelinePriorEstimates, PipelinePriors
+from orchestrator.pipelining import AheadObservation
 from specdec.protocol import Proposal, SparseDistribution
 from specdec.sampling import verify_sampled
 from tests.unit.test_k_controller import K_MAX, Conditions, SimulatedServices, play
@@ -32,17 +39,20 @@ def shadow_observation(k: int, matched: int, world: Conditions) -> RoundObservat
 
 
 def play_shadow(controller: AdaptiveKController, world: Conditions, tokens: int,
-                seed: int = 0, passes: bool = False) -> tuple[list[int], int]:
+                seed: int = 0, passes: bool = False, rank: int | None = None,
+                fanouts: list[int] | None = None) -> tuple[list[int], int]:
     """Like play(), with every probe the controller takes for a stretch run beside it (its drafts
     matched as a Verify would accept them, at world.alpha). passes: each stretch reports its
-    target passes (a session alone: one row each, at world.verify(1)). Returns (K of each round,
-    probes run beside stretches)."""
+    target passes (a session alone: one row each, at world.verify(1)). A probe that drafts ahead
+    (shadow_probe_fanout, appended to fanouts) reports its outcome with the target's token at
+    `rank` among the draft's candidates. Returns (K of each round, probes run beside stretches)."""
     services, rng = SimulatedServices(seed), random.Random(seed + 1000)
     ks: list[int] = []
     shadows = 0
     while len(ks) < tokens:
         rounds = min(controller.plain_rounds(shadow=True), tokens - len(ks))
         if rounds > 0:
+            fanout = controller.shadow_probe_fanout
             k = controller.shadow_probe()
             for _ in range(rounds):
                 services.round(0, world)
@@ -57,6 +67,13 @@ def play_shadow(controller: AdaptiveKController, world: Conditions, tokens: int,
                 # sent when the stretch had k tokens left: those are what it is tested against
                 controller.observe_shadow(shadow_observation(k, matched, world), tested=tested, behind=tested)
                 shadows += 1
+                if fanouts is not None:
+                    fanouts.append(fanout)
+                if fanout:
+                    controller.observe_ahead(AheadObservation(
+                        num_speculative_tokens=k, num_accepted=matched, rank=rank, candidates=8, fanout=fanout,
+                        branches=0, branch_num_speculative_tokens=1, compute_seconds=0.0,
+                        after_proposal_seconds=0.0, call_hop_seconds=None))
             continue
         k = controller.choose(K_MAX)
         controller.observe(services.round(k, world))
@@ -274,6 +291,33 @@ def test_under_pipelining_auto_probes_run_beside_stretches_once_the_ranks_are_me
     assert controller.plain_rounds() == 0  # due: a caller without shadow probes runs a round
     assert controller.plain_rounds(shadow=True) > 0
     assert controller.shadow_probe() == SHADOW_K
+
+
+def test_under_pipelining_auto_greedy_probes_beside_stretches_measure_the_ranks() -> None:
+    """Where its probes beside stretches can measure the draft's candidate ranks (greedy), a fresh
+    pool's ranks are measured there, not by drafted-ahead rounds in place of stretches (a session
+    without such probes, in the same world, tests drafting ahead in rounds at once): K = 0
+    stretches at its pace and every probe, each RANK_PROBE_INTERVAL rounds, drafts ahead at
+    fan-out 1. Once the pool has its outcomes the probes go on measuring ranks, spaced as any
+    probe is (backed off while K stays 0)."""
+    world = draft_hop_world()
+    needed = PipelineConfig().measured_outcomes
+    testing = auto_controller(PipelinePriors(), shadow_probes=True)
+    play(testing, SimulatedServices(1), world, 40)
+    assert testing.plain_rounds(shadow=True) == 0 and testing.choose(K_MAX) > 0 and testing.planned_test
+
+    priors = PipelinePriors()
+    controller = auto_controller(priors, shadow_probes=True, ranks_beside=True)
+    fanouts: list[int] = []
+    ks, _ = play_shadow(controller, world, 4 + needed * RANK_PROBE_INTERVAL, rank=1, fanouts=fanouts)
+    opening = next(i for i, k in enumerate(ks) if k == 0)  # the rounds before the costs are known
+    assert all(k == 0 for k in ks[opening:]), ks
+    assert fanouts == [1] * needed and priors.outcomes == needed
+    assert controller.estimates()["probe_interval_rounds"] <= RANK_PROBE_INTERVAL * 2
+
+    play_shadow(controller, world, 300, rank=1, fanouts=fanouts)
+    assert len(fanouts) > needed and set(fanouts) == {1} and priors.outcomes == len(fanouts)
+    assert controller.estimates()["probe_interval_rounds"] > 2 * RANK_PROBE_INTERVAL
 
 
 def test_a_fit_left_by_cold_passes_is_corrected_by_the_stretches_passes() -> None:
