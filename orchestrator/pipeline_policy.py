@@ -481,6 +481,17 @@ class RankTally:
 
         return FixedCoverage(curve(True), curve(False))
 
+    def shrunk(self, prior: FixedCoverage, strength: float) -> FixedCoverage:
+        """The counted hit rates, each curve pulled towards the prior's by `strength`
+        pseudo-outcomes (a curve with no outcomes yet is the prior's)."""
+        def curve(bonus: bool) -> tuple[float, ...]:
+            seen = self._seen[bonus]
+            prior_at = prior.c_bonus if bonus else prior.c_corr
+            return tuple((hit + strength * prior_at(f)) / (seen + strength)
+                         for f, hit in enumerate(self._hits[bonus], start=1))
+
+        return FixedCoverage(curve(True), curve(False))
+
 
 class BranchCost:
     """T_branch(rows, passes) = passes (t0 + t1 (rows - 1)), fitted to the branch calls' reported
@@ -705,6 +716,11 @@ class PipelinePriors:
         with self._lock:
             return self._tally.hopeful(hoped)
 
+    def counted_coverage(self, prior: FixedCoverage, strength: float) -> FixedCoverage:
+        """RankTally.shrunk over the pool's outcomes."""
+        with self._lock:
+            return self._tally.shrunk(prior, strength)
+
     def probes(self, interval: int, max_interval: int) -> ProbeSchedule:
         """The pool's probe schedule (made with the first caller's intervals)."""
         with self._lock:
@@ -780,6 +796,12 @@ class PipelineConfig:
     # so hoped for (could_pay): a draft whose candidates keep missing is found out in a few rounds.
     measured_outcomes: int = 8
     hoped_outcomes: float = 4.0
+    # Once they are measured, decisions read the pool's outcomes as counted, each curve pulled
+    # towards the pool's prior curves by this many pseudo-outcomes (RankTally.shrunk), not a session's
+    # CandidateRanks: outcomes measured beside stretches come one per probe, and a session's
+    # curves, 8 pseudo-outcomes of the default pair's behind them, would keep a better draft's
+    # ranks near the default pair's (and drafting ahead off) for a hundred probes.
+    pool_rank_strength: float = 2.0
     # A session's own drafted-ahead rounds while the ranks are pending (its tests) before its K = 0
     # is priced at its streamed pace again, the ranks still read hopefully: a test that went well
     # goes on on its merits, one that did not stops. Without it one session could run a dozen
@@ -867,7 +889,14 @@ class PipelineController:
         is tried wherever it could pay, less so with every outcome that misses. Prior ranks (the
         default pair's, or a pool's that drafted ahead a few times) would rule drafting ahead
         out for a much better draft, which would then never be measured."""
-        return self.ranks if self.ranks_measured else self._hopeful_coverage()
+        if not self.ranks_measured:
+            return self._hopeful_coverage()
+        if self._priors is not None:
+            cfg, seed = self._config, self._priors.snapshot()
+            prior = FixedCoverage(seed.c_bonus if seed.c_bonus is not None else cfg.prior_c_bonus,
+                                  seed.c_corr if seed.c_corr is not None else cfg.prior_c_corr)
+            return self._priors.counted_coverage(prior, cfg.pool_rank_strength)
+        return self.ranks
 
     def _hopeful_coverage(self) -> Coverage:
         """RankTally.hopeful over the pool's outcomes (this session's without priors)."""
@@ -973,18 +1002,20 @@ class PipelineController:
 
     def estimates(self) -> dict[str, float]:
         """pipeline_fanout, pipeline_hit_rate (predicted at the current choice), verify_slowdown,
-        pipeline_c_bonus / pipeline_c_corr (at the current fan-out, 1 when off) always;
+        pipeline_c_bonus / pipeline_c_corr (at the current fan-out, 1 when off; the candidate ranks
+        as decisions read them, _decided_coverage) always;
         pipeline_observed_hit_rate, branch_seconds (predicted for the current K and fan-out, 1 when
         off), branch_t0 / branch_t1, branch_hop_seconds, branch_measured_seconds and
         pipeline_predicted_gain (plain / chosen seconds per token) once known."""
         num, fanout = self._returned
         shown = max(1, fanout)
+        ranks = self._decided_coverage()
         figures: dict[str, float] = {
             "pipeline_fanout": float(fanout),
             "pipeline_hit_rate": 0.0,
             "verify_slowdown": self.slowdown.value,
-            "pipeline_c_bonus": self.ranks.c_bonus(shown),
-            "pipeline_c_corr": self.ranks.c_corr(shown),
+            "pipeline_c_bonus": ranks.c_bonus(shown),
+            "pipeline_c_corr": ranks.c_corr(shown),
         }
         if self._observed_hits.value is not None:
             figures["pipeline_observed_hit_rate"] = self._observed_hits.value
@@ -992,14 +1023,14 @@ class PipelineController:
             figures["branch_measured_seconds"] = self.branch_cost.measured_seconds
         if self._last is not None:
             alpha, costs = self._last
-            figures["pipeline_hit_rate"] = hit_rate(alpha, num, fanout, self.ranks)
+            figures["pipeline_hit_rate"] = hit_rate(alpha, num, fanout, ranks)
             figures["branch_t0"], figures["branch_t1"] = self.branch_cost.coefficients(costs.t_draft)
             figures["branch_hop_seconds"] = self.branch_cost.hop_seconds(costs.rtt_draft)
             if num > 0:
                 shown_rows = branch_rows(num, shown)
                 figures["branch_seconds"] = self.branch_cost.seconds(shown_rows, branch_passes(num), costs.t_draft)
                 plain = seconds_per_token(alpha, num, costs)
-                chosen = pipeline_seconds_per_token(alpha, num, fanout, costs, self.ranks, self.branch_cost,
+                chosen = pipeline_seconds_per_token(alpha, num, fanout, costs, ranks, self.branch_cost,
                                                     self.slowdown.value,
                                                     miss_branch_hop=self._config.miss_branch_hop)
                 if math.isfinite(plain) and math.isfinite(chosen) and chosen > 0.0:

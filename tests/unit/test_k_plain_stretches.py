@@ -70,11 +70,13 @@ def draft_hop_world() -> Conditions:
                       rtt_target=0.010, decodes=True)
 
 
-def measured(priors: PipelinePriors) -> PipelinePriors:
+def measured(priors: PipelinePriors, rank: int | None = None) -> PipelinePriors:
     """A pool whose sessions have drafted ahead often enough for its candidate ranks to count as
-    measured (their curves stay what the priors say: play() drafts no branches)."""
+    measured: that many corrections, the target's token at `rank` among the draft's candidates
+    (None: not among them), which decisions then read (the bonus curve stays the priors'; play()
+    drafts no branches)."""
     for _ in range(PipelineConfig().measured_outcomes):
-        priors.add_outcome()
+        priors.add_outcome(rank=rank)
     return priors
 
 
@@ -245,7 +247,7 @@ def test_pipelining_auto_keeps_its_rounds_where_drafting_ahead_pays() -> None:
     target's hop and pass alone: drafting ahead beats K = 0 even decoded in one call."""
     world = draft_hop_world()
     sure = PipelinePriorEstimates(c_bonus=(0.97, 0.98, 0.99), c_corr=(0.97, 0.98, 0.99))
-    controller = auto_controller(measured(PipelinePriors(initial=sure)))
+    controller = auto_controller(measured(PipelinePriors(initial=sure), rank=1))
     ks = play(controller, SimulatedServices(1), world, 200)
     assert all(k > 0 for k in ks[-40:])
     assert controller.plain_rounds() == 0
@@ -404,7 +406,7 @@ def test_a_round_drafted_ahead_while_the_ranks_are_pending_is_planned_as_a_test(
     assert pending.choose(K_MAX) > 0 and pending.planned_fanout > 0
     assert pending.planned_test
     sure = PipelinePriorEstimates(c_bonus=(0.97, 0.98, 0.99), c_corr=(0.97, 0.98, 0.99))
-    measured_pool = auto_controller(measured(PipelinePriors(initial=sure)))
+    measured_pool = auto_controller(measured(PipelinePriors(initial=sure), rank=1))
     play(measured_pool, SimulatedServices(1), world, 200)
     assert measured_pool.choose(K_MAX) > 0 and measured_pool.planned_fanout > 0
     assert not measured_pool.planned_test

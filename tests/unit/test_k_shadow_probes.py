@@ -373,7 +373,7 @@ def _auto_session_expecting_hits() -> AdaptiveKController:
                           rtt_target=world.rtt_target, verify_a=world.verify_a, verify_b=world.verify_b,
                           plain_factor=0.75)
     controller = AdaptiveKController(CONFIG, priors=ControllerPriors(initial=seed), shadow_probes=True)
-    controller.pipeline(max_fanout=3, priors=measured(PipelinePriors(initial=likely)))
+    controller.pipeline(max_fanout=3, priors=measured(PipelinePriors(initial=likely), rank=2))
     assert controller.estimates()["num_speculative_tokens"] == 0  # plain K
     return controller
 

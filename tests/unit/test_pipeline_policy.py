@@ -645,3 +645,40 @@ def test_could_pay_turns_on_the_pools_outcomes() -> None:
             tested.observe_outcome(False, rank, 8, 3)
         assert tested.could_pay(alpha, costs, MAX_K, 3) is expected
         assert PipelineController(priors=priors).could_pay(alpha, costs, MAX_K, 3) is expected
+
+
+def test_rank_tally_shrunk_towards_a_prior() -> None:
+    tally = RankTally(3)
+    prior = FixedCoverage((0.4, 0.5, 0.6), (0.2, 0.3, 0.4))
+    assert tally.shrunk(prior, 2.0).c_bonus(2) == pytest.approx(0.5)  # no outcomes: the prior
+    for rank in (1, 1, 2, None):
+        tally.add(False, rank)
+    shrunk = tally.shrunk(prior, 2.0)
+    assert shrunk.c_corr(1) == pytest.approx((2 + 2 * 0.2) / 6)
+    assert shrunk.c_corr(3) == pytest.approx((3 + 2 * 0.4) / 6)
+    assert shrunk.c_bonus(1) == pytest.approx(0.4)
+
+
+def test_measured_ranks_are_the_pools_counted_outcomes() -> None:
+    """Once the pool has its outcomes, decisions read them as counted (a little pulled towards the
+    pool's prior curves), not a session's CandidateRanks, whose 8 pseudo-outcomes of the default
+    pair's curves would keep a draft whose candidates always hold the target's token looking
+    like the default one for dozens of outcomes more (which, measured one per probe beside a
+    stretch, would keep drafting ahead off for good)."""
+    from tests.unit.test_k_plain_stretches import draft_hop_world
+
+    costs, alpha = draft_hop_world().costs(), 0.7
+    needed = PipelineConfig().measured_outcomes
+
+    def controller_after(rank: int | None) -> PipelineController:
+        priors = PipelinePriors()
+        for _ in range(needed):
+            priors.add_outcome(False, rank)
+        controller = PipelineController(priors=priors)
+        assert controller.ranks_measured
+        return controller
+
+    hits, misses = controller_after(1), controller_after(None)
+    assert hits.ranks.c_corr(1) == misses.ranks.c_corr(1) < 0.3  # the session's own curves: the prior's
+    assert hits.drafts_ahead(alpha, costs, MAX_K, 3) and not misses.drafts_ahead(alpha, costs, MAX_K, 3)
+    assert hits.estimates()["pipeline_c_corr"] > 0.8 > 0.1 > misses.estimates()["pipeline_c_corr"]
