@@ -691,8 +691,8 @@ class Generation:
         return _ShadowProbe(num_speculative_tokens, len(self.committed) + max(0, steps - tested), fanout)
 
     def _launch_shadow_probe(self, shadow: _ShadowProbe | None) -> None:
-        """Sends the probe's Propose, from C as it is now, once the stretch has reached its start
-        (it then runs beside the rest of the stretch)."""
+        """Sends the probe's Propose (a Speculate where it drafts ahead), from C as it is now, once
+        the stretch has reached its start (it then runs beside the rest of the stretch)."""
         if shadow is None or shadow.task is not None or len(self.committed) < shadow.launch_at:
             return
         start = list(self.committed)
@@ -1177,4 +1177,3 @@ def _observation(proposed: Reply[Proposal] | None, verified: Reply[VerifyOutcome
         drafting_ahead=drafting_ahead,
         lookup_match_lengths=lookup_match_lengths,
     )
-

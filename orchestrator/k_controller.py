@@ -513,9 +513,10 @@ class AdaptiveKController:
 
     @property
     def _shadows(self) -> bool:
-        """Whether this session probes beside its stretches: shadow_probes, where the caller can
-        (under pipelining auto, while the draft's candidate ranks are pending and no probe beside
-        a stretch can measure them, its probes from K = 0 are drafted-ahead rounds instead)."""
+        """Whether this session probes beside its stretches: shadow_probes, and under pipelining
+        auto not while the draft's candidate ranks are pending and measured by drafted-ahead
+        rounds (_ranks_pending: no probe beside a stretch measures them there), whose probes from
+        K = 0 then draft ahead as rounds."""
         return self._shadow_probes and not self._ranks_pending()
 
     @property

@@ -800,7 +800,7 @@ class PipelineConfig:
     # towards the pool's prior curves by this many pseudo-outcomes (RankTally.shrunk), not a session's
     # CandidateRanks: outcomes measured beside stretches come one per probe, and a session's
     # curves, 8 pseudo-outcomes of the default pair's behind them, would keep a better draft's
-    # ranks near the default pair's (and drafting ahead off) for a hundred probes.
+    # ranks near the default pair's (and drafting ahead off) for dozens of probes.
     pool_rank_strength: float = 2.0
     # A session's own drafted-ahead rounds while the ranks are pending (its tests) before its K = 0
     # is priced at its streamed pace again, the ranks still read hopefully: a test that went well
