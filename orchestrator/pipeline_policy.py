@@ -152,6 +152,10 @@ class FixedCoverage:
         return _curve_at(self.corr, fanout)
 
 
+# Coverage at every fan-out 1: every round's outcome among the draft's first candidates.
+EVERY_ROUND_A_HIT = FixedCoverage((1.0,), (1.0,))
+
+
 def _curve_at(curve: Sequence[float], fanout: int) -> float:
     if fanout <= 0 or not curve:
         return 0.0
@@ -476,10 +480,8 @@ class RankTally:
                 hits[index] += 1
 
     def hopeful(self, hoped: float) -> FixedCoverage:
-        def curve(bonus: bool) -> tuple[float, ...]:
-            return tuple((hit + hoped) / (self._seen[bonus] + hoped) for hit in self._hits[bonus])
-
-        return FixedCoverage(curve(True), curve(False))
+        """The counted hit rates with `hoped` more outcomes, every one a hit."""
+        return self.shrunk(EVERY_ROUND_A_HIT, hoped)
 
     def shrunk(self, prior: FixedCoverage, strength: float) -> FixedCoverage:
         """The counted hit rates, each curve pulled towards the prior's by `strength`
