@@ -369,6 +369,9 @@ class AdaptiveKController:
             prior_alpha, strength = cfg.prior_alpha, cfg.prior_alpha_strength
         else:
             prior_alpha, strength = seed.alpha, cfg.pool_alpha_strength
+            if seed.alpha_trials is not None:  # the pool's counts: pulled towards the default while few
+                default = cfg.prior_alpha * cfg.prior_alpha_strength
+                prior_alpha = (seed.alpha * seed.alpha_trials + default) / (seed.alpha_trials + cfg.prior_alpha_strength)
         self._alpha = AcceptanceEstimate(prior_alpha, strength, cfg.acceptance_decay)
         self._t_draft = self._timing_estimate(seed.t_draft_per_token)
         self._t_feed = self._timing_estimate(seed.t_feed_per_token)
@@ -549,9 +552,10 @@ class AdaptiveKController:
         sessions after it."""
         index = self._round
         if observation.acceptance_signal:
-            self._alpha.update_expected(observation.acceptance_signal, index)
+            counts = self._alpha.update_expected(observation.acceptance_signal, index)
         else:
-            self._alpha.update(min(tested, observation.num_speculative_tokens), observation.num_accepted, index)
+            counts = self._alpha.update(min(tested, observation.num_speculative_tokens), observation.num_accepted, index)
+        self._pool_acceptance(*counts)
         self._update_draft_estimates(observation, index, upper_bounds=True)
         self._pending_catchup_tokens = max(0, behind)
         self._decide()
@@ -607,10 +611,7 @@ class AdaptiveKController:
                 factor = min(PLAIN_FACTOR_RANGE[1], max(PLAIN_FACTOR_RANGE[0], seconds_per_token / predicted))
                 self._plain_factor.update(factor, self._round)
         if self._priors is not None:
-            # A stretch measures timings, not acceptance: sending the session's alpha again with
-            # each stretch would pull the pool towards whatever a session at K = 0 measured last
-            # (often a few rejected rounds at the start of an answer), and new sessions with it.
-            self._priors.update(replace(self._session_estimates(), alpha=None))
+            self._priors.update(self._session_estimates())
 
     def pipeline(self, max_fanout: int, priors: PipelinePriors | None = None) -> PipelinePolicy:
         """Drafting ahead chosen with K from this session's estimates (pipeline auto)."""
@@ -765,7 +766,7 @@ class AdaptiveKController:
             self._lookup_acceptance().update(observation.lookup_match_lengths, observation.num_accepted)
             self._pending_catchup_tokens += observation.num_accepted + 1
         else:
-            self._alpha.update(num_speculative_tokens, observation.num_accepted, index)
+            self._pool_acceptance(*self._alpha.update(num_speculative_tokens, observation.num_accepted, index))
             self._update_draft_estimates(observation, index)
         # The fit is over the whole pass's rows: the time is that of the pass, whoever was in it.
         rows = observation.pass_rows
@@ -779,6 +780,11 @@ class AdaptiveKController:
         self._observe_pass(rows, verify_seconds, observation.pass_sessions, num_speculative_tokens + 1, index)
         target_overhead = observation.verify_wall_seconds - observation.verify_compute_seconds
         self._rtt_target.update(max(0.0, target_overhead), index)
+
+    def _pool_acceptance(self, accepted: float, rejected: float) -> None:
+        """The pool's alpha counts what this session's rounds tested (ControllerPriors)."""
+        if self._priors is not None:
+            self._priors.add_acceptance(accepted, rejected)
 
     def _observe_pass(self, rows: float, seconds: float, sessions: float, own_rows: float, index: int,
                       weight: float = 1.0) -> None:
@@ -968,14 +974,14 @@ class AdaptiveKController:
             self._probe_interval = cfg.probe_interval_rounds
 
     def _session_estimates(self) -> PriorEstimates:
-        """This session's own figures for the pool (None where it has measured nothing yet)."""
+        """This session's own timings for the pool (None where it has measured nothing yet); its
+        acceptance goes as counts, round by round (_pool_acceptance)."""
 
         def own(estimate: RunningEstimate) -> float | None:
             return estimate.value if estimate.session_samples > 0 else None
 
         coefficients = self._verify.coefficients() if self._verify.session_samples > 0 else None
         return PriorEstimates(
-            alpha=self._alpha.alpha if self._alpha.session_samples > 0 else None,
             t_draft_per_token=own(self._t_draft),
             t_feed_per_token=own(self._t_feed),
             verify_a=coefficients[0] if coefficients else None,

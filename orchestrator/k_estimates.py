@@ -18,7 +18,8 @@ information is discounted by the rounds elapsed, not by the samples taken.
   count's own residual from that line, because real costs step at kernel block sizes.
 - The load a session shares the target with (the mean sessions per pass and the mean rows the
   others put in it) is kept by :class:`RunningEstimate` instances in the controller.
-- :class:`ControllerPriors`: pool-wide figures that sessions update and new sessions start from.
+- :class:`ControllerPriors`: pool-wide figures that sessions update and new sessions start from:
+  the timings an EWMA of the sessions' estimates, alpha the pool's own accepted / rejected counts.
 
 Pure Python: no I/O, no protobuf, no module-level state.
 """
@@ -81,21 +82,23 @@ class AcceptanceEstimate:
     last_round: int | None = None
     session_samples: int = 0  # rounds with K > 0 seen
 
-    def update(self, num_speculative_tokens: int, num_accepted: int, round_index: int) -> None:
+    def update(self, num_speculative_tokens: int, num_accepted: int, round_index: int) -> tuple[float, float]:
+        """A round's outcome; returns the (accepted, rejected) counts it added."""
         if num_speculative_tokens <= 0:
-            return  # K = 0: nothing was tested
-        self._add(num_accepted, 1.0 if num_accepted < num_speculative_tokens else 0.0, round_index)
+            return 0.0, 0.0  # K = 0: nothing was tested
+        return self._add(num_accepted, 1.0 if num_accepted < num_speculative_tokens else 0.0, round_index)
 
-    def update_expected(self, acceptances: Sequence[float], round_index: int) -> None:
+    def update_expected(self, acceptances: Sequence[float], round_index: int) -> tuple[float, float]:
         """Positions tested by their chance of acceptance instead of its outcome (each in [0, 1],
         an unbiased estimate of sum(min(p, q~)) there): each adds its chance to the accepted and
-        the rest to the rejected, as a position accepted (1, 0) or rejected (0, 1) does."""
+        the rest to the rejected, as a position accepted (1, 0) or rejected (0, 1) does. Returns
+        the counts added."""
         if not acceptances:
-            return
+            return 0.0, 0.0
         chances = [min(1.0, max(0.0, chance)) for chance in acceptances]
-        self._add(sum(chances), len(chances) - sum(chances), round_index)
+        return self._add(sum(chances), len(chances) - sum(chances), round_index)
 
-    def _add(self, accepted: float, rejected: float, round_index: int) -> None:
+    def _add(self, accepted: float, rejected: float, round_index: int) -> tuple[float, float]:
         if self.last_round is not None:
             keep = self.decay ** max(0, round_index - self.last_round)
             self.accepted *= keep
@@ -104,6 +107,7 @@ class AcceptanceEstimate:
         self.rejected += rejected
         self.last_round = round_index
         self.session_samples += 1
+        return accepted, rejected
 
     @property
     def alpha(self) -> float:
@@ -258,6 +262,9 @@ class PriorEstimates:
     """Figures a session starts from; None where nothing is known. Seconds, probabilities."""
 
     alpha: float | None = None
+    # The pool's (discounted) accepted + rejected drafts behind alpha; None: alpha was given, not
+    # counted. Few counts are little evidence: a pool's first round can put alpha at 0 or 1.
+    alpha_trials: float | None = None
     t_draft_per_token: float | None = None
     t_feed_per_token: float | None = None
     verify_a: float | None = None
@@ -276,30 +283,57 @@ def _blend(old: float | None, new: float, weight: float) -> float:
 
 
 class ControllerPriors:
-    """Pool-wide priors: an EWMA, over all sessions' updates, of each session's own estimates.
+    """Pool-wide priors. Timings: an EWMA, over all sessions' updates, of each session's own
+    estimates. Acceptance: the pool's own accepted and rejected counts, every session's tested
+    rounds added as they come, each addition keeping (1 - acceptance_weight) of the counts before
+    it; alpha is their ratio (at 0.01, about the last hundred rounds: a round tests two or three
+    drafts, so a pool alpha of 0.6 is known to about 0.03). Not an average of the sessions' alphas: one session tests a few rounds, and
+    accepted / (accepted + rejected) over a few geometric rounds is biased low (a pool of
+    sessions whose rounds accepted 0.645 of the drafts averaged 0.55-0.60), where a ratio of the
+    pooled counts is not.
 
     Shared by the sessions of one orchestrator (one draft pool, one target pool), so a new session
     starts from what the pool measured instead of from defaults. Thread-safe.
     """
 
-    def __init__(self, weight: float = 0.05, initial: PriorEstimates | None = None) -> None:
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"weight must be in (0, 1], got {weight}")
+    def __init__(self, weight: float = 0.05, initial: PriorEstimates | None = None,
+                 acceptance_weight: float = 0.01) -> None:
+        for name, value in (("weight", weight), ("acceptance_weight", acceptance_weight)):
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
         self._weight = weight
+        self._acceptance_keep = 1.0 - acceptance_weight
         self._current = initial if initial is not None else PriorEstimates()
+        # An initial alpha without its trials counts as many as the counts hold at one per addition.
+        seed_trials = 0.0
+        if self._current.alpha is not None:
+            seed_trials = self._current.alpha_trials or 1.0 / acceptance_weight
+        self._accepted = (self._current.alpha or 0.0) * seed_trials
+        self._rejected = seed_trials - self._accepted
         self._lock = threading.Lock()
 
     def snapshot(self) -> PriorEstimates:
         with self._lock:
             return self._current
 
+    def add_acceptance(self, accepted: float, rejected: float) -> None:
+        """One session's tested round (or probe): the drafts it accepted and the rejections."""
+        if accepted + rejected <= 0.0:
+            return
+        with self._lock:
+            self._accepted = self._accepted * self._acceptance_keep + accepted
+            self._rejected = self._rejected * self._acceptance_keep + rejected
+            trials = self._accepted + self._rejected
+            self._current = replace(self._current, alpha=self._accepted / trials, alpha_trials=trials)
+
     def update(self, session: PriorEstimates) -> None:
-        """Blend in one session's current estimates (its None fields leave the prior alone)."""
+        """Blend in one session's current estimates (its None fields leave the prior alone); its
+        alpha is not blended: acceptance reaches the pool as counts (add_acceptance)."""
         with self._lock:
             changes: dict[str, object] = {}
             for field in fields(PriorEstimates):
                 new = getattr(session, field.name)
-                if new is None:
+                if new is None or field.name in ("alpha", "alpha_trials"):
                     continue
                 old = getattr(self._current, field.name)
                 if field.name == "verify_residuals":  # blended row count by row count

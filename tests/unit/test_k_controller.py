@@ -437,6 +437,23 @@ def test_a_new_session_starts_from_the_pool_priors() -> None:
     assert play(newcomer, SimulatedServices(10), world, 12) == [0] * 12
 
 
+def test_the_pool_alpha_is_the_rate_its_sessions_rounds_accepted_at() -> None:
+    """Sessions of two rounds each: one session's accepted / (accepted + rejected) over so few
+    geometric rounds is biased low, and an average of the sessions' alphas settled 0.01-0.03 below
+    a true 0.645 on every seed; the pool counts their rounds instead, and new sessions start from
+    the rate itself."""
+    world = Conditions(alpha=0.645)
+    config = KControllerConfig(max_num_speculative_tokens=K_MAX, initial_num_speculative_tokens=4)
+    pooled = []
+    for seed in range(4):
+        priors, services = ControllerPriors(), SimulatedServices(seed)
+        for session in range(800):
+            play(AdaptiveKController(config, priors), services, world, 2)
+            if session >= 100:  # past the first sessions' default prior
+                pooled.append(priors.snapshot().alpha)
+    assert sum(pooled) / len(pooled) == pytest.approx(world.alpha, abs=0.01)
+
+
 def test_a_newcomer_is_not_held_at_k0_by_earlier_prompts_acceptance() -> None:
     """The pool learned K = 0 from prompts the draft guessed badly; a prompt it guesses well must
     not inherit that: the newcomer opens with a probe and its own rounds soon outweigh the pool."""
