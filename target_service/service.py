@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from specdec.errors import InvalidInput, OutOfRange
 from specdec.models import LoadedModel, tokenizer_files
@@ -26,6 +27,16 @@ from specdec.serving import ServiceConfig, SessionService
 from target_service.engine import TargetEngine, TargetSessionState
 
 
+@dataclass
+class RunningDecode:
+    """A session's running Decode call: the committed length it started from, what ends it
+    after its current pass (end_decode) and the latest DraftOffer for its passes."""
+
+    start: int
+    ending: threading.Event = field(default_factory=threading.Event)
+    offer: DraftOffer | None = None
+
+
 class TargetService(SessionService[TargetSessionState]):
     role = "target"
 
@@ -33,10 +44,9 @@ class TargetService(SessionService[TargetSessionState]):
         super().__init__(loaded, config, size_of=lambda state: len(state.cache))
         self.engine = TargetEngine(loaded, config.max_num_speculative_tokens, self._row_price, loaded.head)
         self._tokenizer_files = tokenizer_files(loaded.tokenizer)
-        # Sessions in a Decode call, each with its latest DraftOffer (None before the first).
-        self._offers: dict[str, DraftOffer | None] = {}
-        # Sessions in a Decode call: the length it started from and what ends it (end_decode).
-        self._endings: dict[str, tuple[int, threading.Event]] = {}
+        # Sessions in a Decode call: the call's own record (a later call of the session replaces
+        # it, and each call removes only its own).
+        self._decoding: dict[str, RunningDecode] = {}
 
     async def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingParams, resume: bool,
@@ -70,31 +80,28 @@ class TargetService(SessionService[TargetSessionState]):
         else its draft head's drafts (headed). A
         repeat of the last applied handle gets its tokens in the result, with no emit."""
         session_id = handle.session_id
-        ending = threading.Event()
+        running = RunningDecode(handle.committed_length)
 
         def apply(state: TargetSessionState) -> Job[tuple[int, list[DecodedToken]]]:
             tokens = yield from self.engine.decode(state, max_tokens, emit,
-                                                   lambda: stopped() or ending.is_set(),
-                                                   lambda: self._offers.get(session_id), tally,
-                                                   lookup, looked_up, headed)
+                                                   lambda: stopped() or running.ending.is_set(),
+                                                   lambda: running.offer, tally, lookup, looked_up, headed)
             return state.committed_length, tokens
 
-        self._offers.setdefault(session_id, None)
-        self._endings[session_id] = (handle.committed_length, ending)
+        self._decoding[session_id] = running
         try:
             return await self.call(handle, apply)
         finally:
-            self._offers.pop(session_id, None)
-            if self._endings.get(session_id, (None, None))[1] is ending:
-                del self._endings[session_id]
+            if self._decoding.get(session_id) is running:
+                del self._decoding[session_id]
 
     def end_decode(self, session_id: str, start: int) -> bool:
         """Ends the session's running Decode after its current pass if it started from C of
         length `start` (-> True); otherwise nothing (-> False)."""
-        running = self._endings.get(session_id)
-        if running is None or running[0] != start:
+        running = self._decoding.get(session_id)
+        if running is None or running.start != start:
             return False
-        running[1].set()
+        running.ending.set()
         return True
 
     def _row_price(self) -> float:
@@ -107,17 +114,17 @@ class TargetService(SessionService[TargetSessionState]):
         """Holds offer for the session's running Decode (-> True and its committed length when it
         arrived), unless the offer it holds was drafted from a longer C; outside a Decode it is
         dropped (-> False, 0)."""
-        session = self.store.get(session_id)
-        if session is None or session_id not in self._offers:
+        session, running = self.store.get(session_id), self._decoding.get(session_id)
+        if session is None or running is None:
             return False, 0
         self.engine.validate_proposal(offer.proposal, session.state.sampling, limit=MAX_OFFER_TOKENS)
         self._validate_branches(offer, session.state.sampling)
         limit = self.engine.max_num_speculative_tokens
         if offer.max_verified:
             limit = min(limit, offer.max_verified)
-        held = self._offers.get(session_id)
+        held = running.offer
         if held is None or offer.start >= held.start:  # one drafted from an older C came late
-            self._offers[session_id] = DraftOffer(offer.start, offer.proposal, limit, offer.branches)
+            running.offer = DraftOffer(offer.start, offer.proposal, limit, offer.branches)
         return True, session.state.committed_length
 
     def _validate_branches(self, offer: DraftOffer, sampling: SamplingParams) -> None:
