@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from draft_service.engine import (
     NUM_CANDIDATES,
@@ -74,6 +74,7 @@ class DraftService(SessionService[DraftSessionState]):
     async def propose(
         self, handle: Handle, new_committed: list[int], num_speculative_tokens: int
     ) -> tuple[Handle, Proposal, Timing]:
+        handle, new_committed = self._caught_up(handle, new_committed)
         new_length = check_propose(self, handle, new_committed, num_speculative_tokens)
 
         def apply(state: DraftSessionState) -> Job[tuple[int, Proposal]]:
@@ -81,6 +82,27 @@ class DraftService(SessionService[DraftSessionState]):
             return new_length, proposal
 
         return await self.call(handle, apply)
+
+    def _caught_up(self, handle: Handle, new_committed: list[int]) -> tuple[Handle, list[int]]:
+        """A caller behind the session by tokens it sends anyway is taken as at the session's
+        length, those tokens dropped from new_committed: it missed answers that moved the session
+        on (a Follow cancelled while a proposal was on its way back), and drafts depend only on C,
+        so the answer is the one a caller in step gets. Where the caller missed just the last
+        call's answer, that call's stored answer (drafted from a shorter C than the caller sends)
+        is not it. Anything else (a repeat of the last call, other tokens, another epoch) is left
+        to the handle's check."""
+        session = self.store.get(handle.session_id)
+        if session is None or session.epoch != handle.epoch:
+            return handle, new_committed
+        start, at = handle.committed_length, session.committed_length
+        behind = at - start
+        if behind <= 0 or behind > len(new_committed):
+            return handle, new_committed
+        if behind == len(new_committed) and start == session.replay_length:
+            return handle, new_committed  # a repeat of the last call: its stored answer
+        if session.state.committed[start:at] != new_committed[:behind]:
+            return handle, new_committed
+        return replace(handle, committed_length=at), new_committed[behind:]
 
     async def speculate(
         self, handle: Handle, new_committed: list[int], num_speculative_tokens: int, fanout: int,

@@ -18,7 +18,7 @@ from orchestrator.clients import DraftClient, RpcTimeouts, open_channel
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
 from specdec.delay_proxy import DelayProxyConfig, start_in_thread
-from specdec.errors import OutOfRange
+from specdec.errors import OutOfRange, SessionLost
 from specdec.protocol import DraftedAhead, Proposal
 from specdec.rpc.server import ServerConfig
 from specdec.sampling import SamplingParams
@@ -124,6 +124,47 @@ def test_follow_coalesces_tokens_sent_while_the_draft_drafts(loop_thread, stack)
     answers, last_length = loop_thread.run(run())
     assert last_length == len(PROMPT) + len(GROWTH)
     assert answers < len(GROWTH) + 1, answers
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=20, seed=5)],
+                         ids=["greedy", "sampled"])
+def test_a_caller_that_missed_answers_goes_on_from_its_last_handle(loop_thread, stack, sampling):
+    """Answers that never reached the caller (a Follow cancelled while its proposal was on its way
+    back) moved the session on: a Propose, or a Follow, from the caller's last handle with C's
+    tokens since is applied from where the session is, and drafts what a caller in step gets (one
+    answer missed: not the stored answer of the call it missed, drafted from a shorter C); one
+    whose tokens are not those the session took is out of step, as before."""
+    async def run():
+        draft = _draft(stack)
+        start = (await draft.prefill("missed", PROMPT, sampling)).handle
+        await draft.propose(start, GROWTH[:2], 3)  # its answer lost: the caller keeps `start`
+        caught_up = await draft.propose(start, GROWTH[:3], 3)
+        lost = await draft.propose(caught_up.handle, GROWTH[3:4], 3)  # two answers lost
+        missed_again = await draft.propose(lost.handle, GROWTH[4:5], 3)
+        with pytest.raises(SessionLost):  # other tokens: out of step
+            await draft.propose(caught_up.handle, [GROWTH[3] + 1, *GROWTH[4:6]], 3)
+        call = draft.follow(caught_up.handle, GROWTH[3:6], 3)
+        await call.start()
+        await call.done()
+        followed = [answer async for answer in _answers(call)]
+        reference = [await _after_the_fact(draft, [*PROMPT, *GROWTH[:n]], 3, sampling, "missed-ref")
+                     for n in (3, 6)]
+        await draft.release("missed")
+        await draft.channel.close()
+        return caught_up, missed_again, followed, reference
+
+    caught_up, missed_again, followed, (after_3, after_6) = loop_thread.run(run())
+    assert caught_up.handle.committed_length == len(PROMPT) + 3
+    assert (caught_up.value.token_ids, caught_up.value.distributions) == (after_3.token_ids, after_3.distributions)
+    assert missed_again.handle.committed_length == len(PROMPT) + 5
+    (answer,) = followed
+    assert answer.handle.committed_length == len(PROMPT) + 6
+    assert (answer.value.token_ids, answer.value.distributions) == (after_6.token_ids, after_6.distributions)
+
+
+async def _answers(call):
+    while (answer := await call.read()) is not None:
+        yield answer
 
 
 def test_follow_bad_fanout_is_out_of_range(loop_thread, stack):
