@@ -189,14 +189,16 @@ class Generation:
         self._streams: bool | None = None
         self._network = 0  # the octave of the hops' round trips the request starts on (_network_octave)
         self._tested_ahead = False  # a round drafted ahead as a test (AheadPlan.test)
-        # Since when (perf_counter, generated tokens) the request has run its present way; whether
-        # that way is a test still to be judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
-        self._way_since: tuple[float, int] = (0.0, 0)
+        # Since when (perf_counter, generated tokens, offered drafts accepted) the request has run
+        # its present way; whether that way is a test still to be judged at MIN_PACE_TOKENS
+        # (_switch_if_losing); switched.
+        self._way_since: tuple[float, int, int] = (0.0, 0, 0)
         self._way_on_trial = False
         self._switched = False
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
         self._decode_token_seconds: float | None = None  # wall time per token of the last Decode
         self._decoded_in_call = 0  # tokens the last Decode brought
+        self._accepted_in_call = 0  # offered drafts its passes accepted
         self._offers_stopped = False  # the last Decode's offers stopped early (StreamPaces)
         # Under sampling, p(y) of each token of the current Decode by its index in C, for a probe
         # beside the stretch; a target that does not send them leaves such probes unmeasurable.
@@ -283,7 +285,8 @@ class Generation:
                 if (offered is not None and not self._streams and self._decoded_in_call >= MIN_PACE_TOKENS
                         and not self._offers_stopped):
                     assert self._decode_token_seconds is not None
-                    offered.paces.observe(offers, self._decode_token_seconds)
+                    share = self._accepted_in_call / self._decoded_in_call if offers else None
+                    offered.paces.observe(offers, self._decode_token_seconds, share)
                 if decoded is None:
                     chunk = self._commit([])
                 else:
@@ -388,16 +391,24 @@ class Generation:
     def _start_way(self) -> None:
         """The request runs its way (RequestStreaming: rounds or streamed) from here; a test of
         the way the measurements do not favour is judged at MIN_PACE_TOKENS."""
-        self._way_since = (time.perf_counter(), self.stats.generated_tokens)
+        self._way_since = (time.perf_counter(), self.stats.generated_tokens, self.stats.offered_accepted)
         self._way_on_trial = (self._streams is not None and self.request_streaming is not None
                               and self.request_streaming.is_test(self.request.sampling.greedy, self._streams,
                                                                  self._network))
 
     def _way_pace(self) -> tuple[int, float]:
         """Tokens committed the present way, and their wall time per token."""
-        started, first = self._way_since
+        started, first, _ = self._way_since
         tokens = self.stats.generated_tokens - first
         return tokens, (time.perf_counter() - started) / max(1, tokens)
+
+    def _way_accepted_share(self) -> float | None:
+        """Streamed: the share of the tokens committed the present way that were offered drafts
+        the target accepted (StreamPaces.observe); None for rounds."""
+        if not self._streams:
+            return None
+        _, first, accepted = self._way_since
+        return (self.stats.offered_accepted - accepted) / max(1, self.stats.generated_tokens - first)
 
     def _switch_if_losing(self) -> None:
         """A test of the way the measurements do not favour, once it has run MIN_PACE_TOKENS
@@ -412,7 +423,7 @@ class Generation:
         self._way_on_trial = False
         greedy = self.request.sampling.greedy
         if self.request_streaming.clearly_slower(greedy, self._streams, pace, self._network):
-            self.request_streaming.observe(greedy, self._streams, pace, self._network)
+            self.request_streaming.observe(greedy, self._streams, pace, self._network, self._way_accepted_share())
             self._streams, self._switched = not self._streams, True
             self._start_way()
             self._way_on_trial = False
@@ -426,7 +437,8 @@ class Generation:
         assert self.request_streaming is not None and self._streams is not None
         tokens, pace = self._way_pace()
         if tokens >= MIN_PACE_TOKENS and (self._streams or not self._tested_ahead):
-            self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace, self._network)
+            self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace, self._network,
+                                           self._way_accepted_share())
 
     def _streamed(self) -> StreamedDrafts | None:
         """Streamed speculation for the coming Decode (orchestrator/pipelining.py), when the
@@ -911,6 +923,7 @@ class Generation:
                 self.stats.decode_head_drafts += headed.drafts
                 self.stats.decode_head_accepted += headed.accepted
             self._decoded_in_call = decoded
+            self._accepted_in_call = offered.accepted if offered is not None else 0
             if decoded:
                 self._decode_token_seconds = (time.perf_counter() - started) / decoded
                 if self.guard is not None:

@@ -176,9 +176,18 @@ class StreamPaces:
                 return False
             return mine is None or self._faster() != offered
 
-    def observe(self, offered: bool, seconds_per_token: float) -> None:
-        """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS)."""
+    def observe(self, offered: bool, seconds_per_token: float, accepted_share: float | None = None) -> None:
+        """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS).
+        accepted_share, for a call that offered: the share of its tokens that were offered drafts
+        the target accepted. Such a call is a plain Decode but for those, which took
+        (1 - accepted_share) of its tokens' passes at best, so it is taken as faster than the
+        other way measures by that share at most: the ways are measured on different requests,
+        and a call faster by more ran on an easier text, not on its offers (a stream whose offers
+        were never verified once chose streaming for the requests after it, which ran slower)."""
         with self._lock:
+            other = self.seconds[not offered]
+            if offered and accepted_share is not None and other is not None:
+                seconds_per_token = max(seconds_per_token, other * (1.0 - min(1.0, max(0.0, accepted_share))))
             before = self.seconds[True] is not None and self.seconds[False] is not None
             faster = before and self._faster()
             old = self.seconds[offered]
@@ -223,10 +232,12 @@ class RequestStreaming:
     def clearly_slower(self, greedy: bool, streams: bool, seconds_per_token: float, network: int = 0) -> bool:
         return self._paces(greedy, network).clearly_slower(seconds_per_token, streams)
 
-    def observe(self, greedy: bool, streamed: bool, seconds_per_token: float, network: int = 0) -> None:
+    def observe(self, greedy: bool, streamed: bool, seconds_per_token: float, network: int = 0,
+                accepted_share: float | None = None) -> None:
         """The wall time per token of a request's tokens after its first, or of the part of them
-        it ran one way (MIN_PACE_TOKENS tokens or more)."""
-        self._paces(greedy, network).observe(streamed, seconds_per_token)
+        it ran one way (MIN_PACE_TOKENS tokens or more); a streamed one's accepted_share: the share
+        of them that were offered drafts the target accepted (StreamPaces.observe)."""
+        self._paces(greedy, network).observe(streamed, seconds_per_token, accepted_share)
 
 
 # Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.

@@ -160,3 +160,27 @@ def test_each_network_measures_its_own_ways():
     far.append(streaming.streams_next(True, network=6))
     assert far == [False, True, True]
     assert not streaming.streams_next(True, network=3)  # the near network keeps its own answer
+
+
+def test_a_stream_whose_offers_were_not_accepted_is_not_taken_as_faster():
+    """The ways are measured on different requests, whose texts run at different paces. A stream
+    whose offered drafts the target accepted for none of its tokens was a plain Decode: measured
+    faster than the rounds, it ran on an easier text, and the rounds go on; one whose offers made
+    a share of its tokens may be faster by up to that share, and streaming takes over."""
+    streaming = RequestStreaming(margin=0.1)
+    streaming.observe(True, False, 0.040)  # rounds
+    streaming.observe(True, True, 0.025, accepted_share=0.0)
+    assert streaming.paces[(True, 0)].seconds[True] == pytest.approx(0.040)
+    assert streaming.is_test(True, True)  # the rounds hold
+    streaming.observe(True, True, 0.025, accepted_share=0.02)  # one offered draft in 50 tokens
+    assert streaming.is_test(True, True)
+    credited = RequestStreaming(margin=0.1)
+    credited.observe(True, False, 0.040)
+    credited.observe(True, True, 0.030, accepted_share=0.25)  # within what its offers explain
+    assert credited.paces[(True, 0)].seconds[True] == pytest.approx(0.030)
+    assert credited.is_test(True, False)  # streaming takes over
+    # The bound holds for a stretch's offered calls the same way, against its calls without offers.
+    paces = StreamPaces()
+    paces.observe(False, 0.040)
+    paces.observe(True, 0.020, accepted_share=0.1)
+    assert paces.seconds[True] == pytest.approx(0.036)
