@@ -149,7 +149,9 @@ def measured_model(runs: list[Run], k_for_alpha: int = 4) -> dict:
     # accepted / drafted is biased (drafts after a rejection are never tested); count rejections.
     alpha = accepted / max(1, accepted + sum(r.rejections for r in at_k))
     plain = [r for r in greedy if r.schedule == "off"]
-    t_step = sum(r.verify_seconds for r in plain) / sum(r.rounds + 1 for r in plain)
+    # Speculation off decodes in Decode calls, whose server timing is the call's last message's,
+    # not each pass's: its wall time per token without the hops is the target's step.
+    t_step = sum(r.seconds - r.network_seconds for r in plain) / sum(r.generated for r in plain)
     speculative = [r for r in greedy if r.schedule.startswith("k=")]
     t_draft = sum(r.draft_seconds for r in speculative) / max(1, sum(r.drafted for r in speculative))
     rows = [(int(r.schedule[2:]) + 1, r.verify_seconds / (r.rounds + 1)) for r in speculative]
