@@ -837,13 +837,9 @@ class PipelineController:
         self._config = cfg = config if config is not None else PipelineConfig()
         self._priors = priors
         seed = priors.snapshot() if priors is not None else PipelinePriorEstimates()
-        self.ranks = CandidateRanks(
-            cfg.max_fanout,
-            seed.c_bonus if seed.c_bonus is not None else cfg.prior_c_bonus,
-            seed.c_corr if seed.c_corr is not None else cfg.prior_c_corr,
-            cfg.coverage_strength,
-            cfg.coverage_decay,
-        )
+        prior = self._prior_coverage(seed)
+        self.ranks = CandidateRanks(cfg.max_fanout, prior.bonus, prior.corr, cfg.coverage_strength,
+                                    cfg.coverage_decay)
         self.branch_cost = BranchCost(cfg.branch_prior_strength, cfg.branch_decay, cfg.branch_slope_ratio,
                                       prior_t1=seed.branch_t1, prior_hop=seed.branch_hop,
                                       hop_weight=cfg.timing_weight)
@@ -894,11 +890,15 @@ class PipelineController:
         if not self.ranks_measured:
             return self._hopeful_coverage()
         if self._priors is not None:
-            cfg, seed = self._config, self._priors.snapshot()
-            prior = FixedCoverage(seed.c_bonus if seed.c_bonus is not None else cfg.prior_c_bonus,
-                                  seed.c_corr if seed.c_corr is not None else cfg.prior_c_corr)
-            return self._priors.counted_coverage(prior, cfg.pool_rank_strength)
+            prior = self._prior_coverage(self._priors.snapshot())
+            return self._priors.counted_coverage(prior, self._config.pool_rank_strength)
         return self.ranks
+
+    def _prior_coverage(self, seed: PipelinePriorEstimates) -> FixedCoverage:
+        """The candidate ranks' prior curves: the pool's, else the configured defaults."""
+        cfg = self._config
+        return FixedCoverage(seed.c_bonus if seed.c_bonus is not None else cfg.prior_c_bonus,
+                             seed.c_corr if seed.c_corr is not None else cfg.prior_c_corr)
 
     def _hopeful_coverage(self) -> Coverage:
         """RankTally.hopeful over the pool's outcomes (this session's without priors)."""
