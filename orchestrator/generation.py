@@ -189,10 +189,10 @@ class Generation:
         self._streams: bool | None = None
         self._network = 0  # the octave of the hops' round trips the request starts on (_network_octave)
         self._tested_ahead = False  # a round drafted ahead as a test (AheadPlan.test)
-        # Since when (perf_counter, generated tokens, offered drafts accepted) the request has run
-        # its present way; whether that way is a test still to be judged at MIN_PACE_TOKENS
-        # (_switch_if_losing); switched.
-        self._way_since: tuple[float, int, int] = (0.0, 0, 0)
+        # Since when (perf_counter, generated tokens, offered drafts accepted, tokens drafted in
+        # rounds) the request has run its present way; whether that way is a test still to be
+        # judged at MIN_PACE_TOKENS (_switch_if_losing); switched.
+        self._way_since: tuple[float, int, int, int] = (0.0, 0, 0, 0)
         self._way_on_trial = False
         self._switched = False
         self._branch: tuple[int, Proposal] | None = None  # (length of C it follows, its drafts)
@@ -230,7 +230,9 @@ class Generation:
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             if self.request_streaming is not None and self._offered_stretch() is not None:
                 self._network = self._network_octave()
-                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy, self._network)
+                drafts = isinstance(self.policy, PlainStretches) and self.policy.would_draft()
+                self._streams = self.request_streaming.streams_next(self.request.sampling.greedy, self._network,
+                                                                    drafts=drafts)
             chunk: Chunk | None = self._commit([first])
             self._start_way()
             while chunk is None or chunk.finish_reason is None:
@@ -391,14 +393,15 @@ class Generation:
     def _start_way(self) -> None:
         """The request runs its way (RequestStreaming: rounds or streamed) from here; a test of
         the way the measurements do not favour is judged at MIN_PACE_TOKENS."""
-        self._way_since = (time.perf_counter(), self.stats.generated_tokens, self.stats.offered_accepted)
+        self._way_since = (time.perf_counter(), self.stats.generated_tokens, self.stats.offered_accepted,
+                           self.stats.drafted_tokens)
         self._way_on_trial = (self._streams is not None and self.request_streaming is not None
                               and self.request_streaming.is_test(self.request.sampling.greedy, self._streams,
                                                                  self._network))
 
     def _way_pace(self) -> tuple[int, float]:
         """Tokens committed the present way, and their wall time per token."""
-        started, first, _ = self._way_since
+        started, first, _, _ = self._way_since
         tokens = self.stats.generated_tokens - first
         return tokens, (time.perf_counter() - started) / max(1, tokens)
 
@@ -407,8 +410,15 @@ class Generation:
         the target accepted (StreamPaces.observe); None for rounds."""
         if not self._streams:
             return None
-        _, first, accepted = self._way_since
+        _, first, accepted, _ = self._way_since
         return (self.stats.offered_accepted - accepted) / max(1, self.stats.generated_tokens - first)
+
+    def _way_drafted(self) -> bool | None:
+        """Rounds: whether they drafted since the present way began (RequestStreaming keeps the
+        rounds' pace with it); None when streamed."""
+        if self._streams:
+            return None
+        return self.stats.drafted_tokens > self._way_since[3]
 
     def _switch_if_losing(self) -> None:
         """A test of the way the measurements do not favour, once it has run MIN_PACE_TOKENS
@@ -423,7 +433,8 @@ class Generation:
         self._way_on_trial = False
         greedy = self.request.sampling.greedy
         if self.request_streaming.clearly_slower(greedy, self._streams, pace, self._network):
-            self.request_streaming.observe(greedy, self._streams, pace, self._network, self._way_accepted_share())
+            self.request_streaming.observe(greedy, self._streams, pace, self._network, self._way_accepted_share(),
+                                           self._way_drafted())
             self._streams, self._switched = not self._streams, True
             self._start_way()
             self._way_on_trial = False
@@ -438,7 +449,7 @@ class Generation:
         tokens, pace = self._way_pace()
         if tokens >= MIN_PACE_TOKENS and (self._streams or not self._tested_ahead):
             self.request_streaming.observe(self.request.sampling.greedy, self._streams, pace, self._network,
-                                           self._way_accepted_share())
+                                           self._way_accepted_share(), self._way_drafted())
 
     def _streamed(self) -> StreamedDrafts | None:
         """Streamed speculation for the coming Decode (orchestrator/pipelining.py), when the

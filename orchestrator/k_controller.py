@@ -62,7 +62,13 @@ target decodes it. Under greedy decoding the drafts that match the target's toke
 what a Verify would have accepted; under sampling each decoded token y, up to the first draft it
 differs from, tells min(1, q~(y) / p(y)) with p(y) from the target's Decode, an unbiased estimate
 of the acceptance sum(min(p, q~)) there. So alpha is measured without a round of drafting, and
-without interrupting the stretch (``shadow_probe`` / ``observe_shadow``). Two kinds of optimism
+without interrupting the stretch (``shadow_probe`` / ``observe_shadow``). Such probes back off as
+probe rounds do only where the draft computes on the target's hardware (``shadow_probes_contend``):
+there they take the stretch's cores. Where the draft has hardware of its own they cost the stretch
+nothing, and they keep the base interval, so that alpha is measured along the whole answer, each
+probe's position drawn around its interval (``probe_rng``) so that the probes of different
+answers do not all fall on the same positions.
+Two kinds of optimism
 keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an alpha one
 posterior sd higher (at K = 0 alpha is no longer observed; not where drafting at the estimate
 loses more than optimism_max_loss per token: the probes explore there; nor with shadow probes,
@@ -81,6 +87,7 @@ estimators live in orchestrator/k_estimates.py.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -281,6 +288,9 @@ class KControllerConfig:
     probe_backoff: float = 2.0  # interval multiplier after a probe that leaves K at 0
     shadow_probe_num_speculative_tokens: int = 4  # K of a probe run beside a stretch (shadow_probes):
     # no round waits for it, so it measures more positions than a probe round's
+    shadow_probe_jitter: float = 0.5  # with a probe_rng: each stretch to a probe beside it is its
+    # interval times a factor drawn from [1 - this, 1 + this], so that the probes do not fall at
+    # the same positions of every answer
     prior_alpha: float = 0.6  # alpha before any measurement, when the pool has none
     prior_alpha_strength: float = 4.0  # pseudo-trials behind the prior alpha
     pool_alpha_strength: float = 4.0  # pseudo-trials behind the pool's alpha when a session starts
@@ -323,6 +333,7 @@ class KControllerConfig:
         check(self.probe_interval_rounds >= 1, "probe_interval_rounds must be >= 1")
         check(self.probe_interval_max_rounds >= self.probe_interval_rounds, "probe max < interval")
         check(self.probe_backoff >= 1.0, f"probe_backoff must be >= 1, got {self.probe_backoff}")
+        check(0.0 <= self.shadow_probe_jitter < 1.0, "shadow_probe_jitter must be in [0, 1)")
         check(0.0 < self.prior_alpha < 1.0, f"prior_alpha must be in (0, 1): {self.prior_alpha}")
         check(self.prior_alpha_strength >= 0.0, "prior_alpha_strength must be >= 0")
         check(self.pool_alpha_strength >= 0.0, "pool_alpha_strength must be >= 0")
@@ -347,15 +358,22 @@ class AdaptiveKController:
     this session's estimates and receives them after every round. shadow_probes: the session can
     probe beside a stretch (a model draft; see the module docstring). ranks_beside: those probes
     can also measure the draft's candidate ranks for pipelining auto (greedy: the stretch's tokens
-    are what a Verify would commit; _measures_ranks_beside).
+    are what a Verify would commit; _measures_ranks_beside). shadow_probes_contend: the draft
+    computes on the target's hardware, so those probes take the stretch's cores and back off as
+    probe rounds do; otherwise they keep the base interval (see the module docstring).
+    probe_rng: where given, draws where each probe beside a stretch falls (shadow_probe_jitter);
+    without it they fall every interval exactly.
     """
 
     def __init__(
         self, config: KControllerConfig | None = None, priors: ControllerPriors | None = None,
         lookup_priors: LookupPriors | None = None, shadow_probes: bool = False, ranks_beside: bool = False,
+        shadow_probes_contend: bool = True, probe_rng: random.Random | None = None,
     ) -> None:
         self._config = config if config is not None else KControllerConfig()
         self._shadow_probes = shadow_probes
+        self._shadow_probes_contend = shadow_probes_contend
+        self._probe_rng = probe_rng
         self._ranks_beside = shadow_probes and ranks_beside
         self._shadow_num_speculative_tokens = 0  # a probe taken beside the coming stretch, not yet run
         self._shadow_fanout = 0  # its fan-out: > 0 where it drafts ahead to measure a rank
@@ -481,8 +499,30 @@ class AdaptiveKController:
         if shadow and self._shadows and self._rounds_since_probe >= interval:
             self._shadow_num_speculative_tokens = self._config.shadow_probe_num_speculative_tokens
             self._shadow_fanout = 1 if self._ahead is not None and self._ranks_beside else 0
-            self._rounds_since_probe = 0
+            self._rounds_since_probe = self._probe_offset(interval)
         return max(0, interval - self._rounds_since_probe)
+
+    def _probe_offset(self, interval: int) -> int:
+        """Rounds counted towards the next probe as a probe beside a stretch is taken: 0, or with
+        a probe_rng a draw within shadow_probe_jitter of the interval either way. The probe runs
+        at its stretch's end, so at fixed intervals every answer would be probed at the same
+        positions; an answer's opening tokens (and a text's periodic ones) are not accepted as
+        its others are, and a pool that counts only those learns a skewed alpha (on the
+        emulated pair every answer's probes fell on its 13th and 29th tokens, where 8 probes
+        matched 3 drafts in all: a pool alpha of 0.25-0.4 for a draft that probes at every
+        position would measure at 0.6)."""
+        if self._probe_rng is None:
+            return 0
+        spread = int(interval * self._config.shadow_probe_jitter)
+        return self._probe_rng.randint(-spread, spread)
+
+    def would_draft(self) -> bool:
+        """Whether this session, as its estimates stand, would draft now rather than stretch
+        K = 0: its plain K, or under pipelining auto drafting ahead once a stretch's pace is
+        measured (PlainStretches)."""
+        if self._num_speculative_tokens > 0:
+            return True
+        return self._ahead is not None and not self._plain_pace_unmeasured() and self._ahead_pays()
 
     def _measures_ranks_beside(self) -> bool:
         """Under pipelining auto, whether the pool's candidate ranks are still to be measured
@@ -560,7 +600,7 @@ class AdaptiveKController:
         self._pending_catchup_tokens = max(0, behind)
         self._decide()
         if not self._measures_ranks_beside():  # those probes measure the ranks, not a K = 0 to back off from
-            self._space_probes()
+            self._space_probes(backs_off=self._shadow_probes_contend)
         if self._priors is not None:
             self._priors.update(self._session_estimates())
 
@@ -963,11 +1003,11 @@ class AdaptiveKController:
         elif self._num_speculative_tokens == 0 and observed_k == 0:
             self._rounds_since_probe += 1
 
-    def _space_probes(self) -> None:
+    def _space_probes(self, backs_off: bool = True) -> None:
         """After a probe (a round's or one beside a stretch): back the interval off if it left K
-        at 0, else start it over."""
+        at 0 (and backs_off: the probe cost something), else start it over."""
         cfg = self._config
-        if self._num_speculative_tokens == 0:
+        if self._num_speculative_tokens == 0 and backs_off:
             backed_off = math.ceil(self._probe_interval * cfg.probe_backoff)
             self._probe_interval = min(cfg.probe_interval_max_rounds, backed_off)
         else:

@@ -135,6 +135,10 @@ class PlainStretches(Protocol):
         end, the context's, or the guard's): its round trip, spread over fewer tokens, is not the
         pace of a stretch. passes: the target passes the rounds ran in (None: not reported)."""
 
+    def would_draft(self) -> bool:
+        """Whether, as its estimates stand, the policy would draft now (K > 0, or drafting ahead
+        under pipelining auto) rather than stretch K = 0: a new request's first choice."""
+
     def observe_stream_pace(self, seconds_per_token: float, passes: DecodedPasses | None = None) -> None:
         """Record a streamed Decode call (no rounds; MIN_PACE_TOKENS tokens or more) at
         seconds_per_token: the pace of the Decode a stretch runs, which prices K = 0."""
@@ -187,6 +191,9 @@ class FixedK:
     def observe_plain(self, rounds: int, seconds_per_token: float | None,
                       passes: DecodedPasses | None = None) -> None:
         pass
+
+    def would_draft(self) -> bool:
+        return self.num_speculative_tokens > 0
 
     def observe_stream_pace(self, seconds_per_token: float, passes: DecodedPasses | None = None) -> None:
         pass

@@ -176,8 +176,10 @@ class StreamPaces:
                 return False
             return mine is None or self._faster() != offered
 
-    def observe(self, offered: bool, seconds_per_token: float, accepted_share: float | None = None) -> None:
-        """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS).
+    def observe(self, offered: bool, seconds_per_token: float, accepted_share: float | None = None,
+                fresh: bool = False) -> None:
+        """A Decode call's wall time per token (long enough calls only: MIN_PACE_TOKENS); fresh:
+        it replaces that way's pace instead of joining it (what the way does has changed).
         accepted_share, for a call that offered: the share of its tokens that were offered drafts
         the target accepted. Such a call is a plain Decode but for those, which took
         (1 - accepted_share) of its tokens' passes at best, so it is taken as faster than the
@@ -191,7 +193,7 @@ class StreamPaces:
             before = self.seconds[True] is not None and self.seconds[False] is not None
             faster = before and self._faster()
             old = self.seconds[offered]
-            smoothed = seconds_per_token if old is None else old + self.weight * (seconds_per_token - old)
+            smoothed = seconds_per_token if old is None or fresh else old + self.weight * (seconds_per_token - old)
             self.seconds[offered] = smoothed
             if before and faster != self._faster():
                 self.interval = self.min_interval  # flipped: test the loser soon again
@@ -213,16 +215,29 @@ class RequestStreaming:
     request's pace depends on its prompt more than on its way, so a small difference between the
     ways' smoothed paces says little. A request that tests the other way switches for the rest of
     it, after MIN_PACE_TOKENS tokens, when that way is clearly the slower
-    (StreamPaces.clearly_slower)."""
+    (StreamPaces.clearly_slower).
+
+    The rounds' pace is what the controller did in them, and that turns on what it believed:
+    rounds at K = 0 throughout (a request whose first probes found little accepted) run at a
+    stretch's pace, rounds that draft at theirs. So the rounds' pace is kept with whether its
+    last request drafted; a request whose controller would draft from its start (`drafts`)
+    runs the rounds while that pace is one of rounds that did not, and the pace it measures
+    replaces the other. Without that a fresh orchestrator whose first request happened to stay at
+    K = 0 streamed every request after it, where the rounds then drafted ahead at 1.3-1.5x the
+    streams' pace."""
 
     def __init__(self, margin: float = 0.1) -> None:
         self.margin = margin
         self.paces: dict[tuple[bool, int], StreamPaces] = {}
+        self.rounds_drafted: dict[tuple[bool, int], bool] = {}  # whether the rounds' pace drafted
 
     def _paces(self, greedy: bool, network: int) -> StreamPaces:
         return self.paces.setdefault((greedy, network), StreamPaces(first=False, margin=self.margin))
 
-    def streams_next(self, greedy: bool, network: int = 0) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
+        """Whether the next request streams; drafts: its controller would draft from its start."""
+        if drafts and self.rounds_drafted.get((greedy, network)) is False:
+            return False
         return self._paces(greedy, network).offer_next()
 
     def is_test(self, greedy: bool, streams: bool, network: int = 0) -> bool:
@@ -233,11 +248,17 @@ class RequestStreaming:
         return self._paces(greedy, network).clearly_slower(seconds_per_token, streams)
 
     def observe(self, greedy: bool, streamed: bool, seconds_per_token: float, network: int = 0,
-                accepted_share: float | None = None) -> None:
+                accepted_share: float | None = None, drafted: bool | None = None) -> None:
         """The wall time per token of a request's tokens after its first, or of the part of them
         it ran one way (MIN_PACE_TOKENS tokens or more); a streamed one's accepted_share: the share
-        of them that were offered drafts the target accepted (StreamPaces.observe)."""
-        self._paces(greedy, network).observe(streamed, seconds_per_token, accepted_share)
+        of them that were offered drafts the target accepted (StreamPaces.observe); the rounds'
+        drafted: whether they drafted."""
+        fresh = False
+        if not streamed and drafted is not None:
+            key = (greedy, network)
+            fresh = self.rounds_drafted.get(key, drafted) != drafted
+            self.rounds_drafted[key] = drafted
+        self._paces(greedy, network).observe(streamed, seconds_per_token, accepted_share, fresh=fresh)
 
 
 # Decode calls shorter than this tell StreamPaces nothing: a call's first token carries its setup.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -250,10 +251,11 @@ class OrchestratorService:
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return tuple(int(t) for t in ids)
 
-    def policy(self, speculation: Speculation, greedy: bool = True) -> KPolicy:
+    def policy(self, speculation: Speculation, greedy: bool = True, shared_compute: bool = True) -> KPolicy:
         """The K policy of one request. speculation.num_speculative_tokens: fixed K, the
         heuristic's start, or the adaptive controller's maximum (unset: the server's defaults).
-        greedy picks the pool priors an adaptive controller starts from."""
+        greedy picks the pool priors an adaptive controller starts from; shared_compute
+        (draft_shares_compute()) whether its probes beside a stretch take the target's cores."""
         mode = speculation.mode or self.config.speculation
         limit = self.limits().max_num_speculative_tokens
         requested = speculation.num_speculative_tokens
@@ -286,7 +288,8 @@ class OrchestratorService:
         # measured by drafted-ahead rounds (AdaptiveKController._shadows).
         return AdaptiveKController(controller, priors=self.controller_priors[kind],
                                    lookup_priors=self.lookup_priors[kind], shadow_probes=self.model_draft,
-                                   ranks_beside=greedy)
+                                   ranks_beside=greedy, shadow_probes_contend=shared_compute,
+                                   probe_rng=random.Random())
 
     def draft_shares_compute(self) -> bool:
         """Whether every draft replica computes on the hardware of every target replica (the same
@@ -397,8 +400,8 @@ class OrchestratorService:
         partition: the caller's share of state kept across requests (the shared suffix cache):
         with bearer tokens configured, a digest of the request's token; "" otherwise."""
         arrived = time.perf_counter()
-        policy = self.policy(speculation, greedy=sampling.greedy)
         shared = self.draft_shares_compute()
+        policy = self.policy(speculation, greedy=sampling.greedy, shared_compute=shared)
         held = self.holds_auto_pipelining(speculation, shared)
         pipeline = self.pipeline(speculation, policy, greedy=sampling.greedy, held=held)
         if any(not s for s in stop):

@@ -254,6 +254,36 @@ def test_pipelining_auto_keeps_its_rounds_where_drafting_ahead_pays() -> None:
     assert controller.choose(K_MAX) > 0 and controller.planned_fanout > 0
 
 
+def test_a_new_session_says_whether_it_would_draft_from_its_start() -> None:
+    """would_draft: what a session of a pool would do first, as the pool's estimates stand (the
+    way pipelining auto's next request runs turns on it: RequestStreaming)."""
+    world = draft_hop_world()
+
+    def session(pool: ControllerPriors, ranks: PipelinePriors | None) -> AdaptiveKController:
+        controller = AdaptiveKController(KControllerConfig(max_num_speculative_tokens=K_MAX), priors=pool)
+        if ranks is not None:
+            controller.pipeline(max_fanout=3, priors=ranks)
+        return controller
+
+    sure = measured(PipelinePriors(initial=PipelinePriorEstimates(c_bonus=(0.97, 0.98, 0.99),
+                                                                  c_corr=(0.97, 0.98, 0.99))), rank=1)
+    ahead_pool = ControllerPriors()
+    play(session(ahead_pool, sure), SimulatedServices(1), world, 200)
+    assert session(ahead_pool, sure).would_draft()  # drafting ahead pays from the start
+    assert not session(ahead_pool, None).would_draft()  # plain drafting does not at this hop
+
+    missing = measured(PipelinePriors())  # the default pair's ranks: hits too rare to pay
+    stretch_pool = ControllerPriors()
+    play(session(stretch_pool, missing), SimulatedServices(1), world, 200)
+    assert not session(stretch_pool, missing).would_draft()
+
+    near_pool = ControllerPriors()  # no hops to speak of: plain drafting pays
+    near = Conditions(alpha=0.8, t_draft=0.003, verify_a=0.020, verify_b=0.0005, rtt_draft=0.001,
+                      rtt_target=0.001, decodes=True)
+    play(session(near_pool, None), SimulatedServices(1), near, 200)
+    assert session(near_pool, None).would_draft()
+
+
 def test_stretches_run_to_the_probes_which_back_off_as_per_round() -> None:
     """Stretched or not, K = 0 rounds count towards the probes the same: the same K every round."""
     config = KControllerConfig(max_num_speculative_tokens=K_MAX, probe_interval_rounds=10, probe_backoff=2.0)
@@ -343,6 +373,7 @@ def test_fixed_k0_commits_to_a_whole_decode_and_fixed_k_to_none() -> None:
     assert isinstance(FixedK(0), PlainStretches)
     assert FixedK(0).plain_rounds() == MAX_DECODE_STEPS
     assert FixedK(3).plain_rounds() == 0
+    assert not FixedK(0).would_draft() and FixedK(3).would_draft()
 
 
 def test_stretches_do_not_pull_the_pool_alpha_towards_a_stale_estimate() -> None:

@@ -152,6 +152,54 @@ def test_a_shadow_probe_that_leaves_k0_backs_the_interval_off() -> None:
         CONFIG.probe_interval_max_rounds, before * CONFIG.probe_backoff)
 
 
+def test_shadow_probes_on_hardware_of_their_own_keep_the_base_interval() -> None:
+    """Where the draft does not compute on the target's hardware a probe beside a stretch costs the
+    stretch nothing: the probes keep the base interval, so alpha is sampled along the whole
+    answer (backed off, a 200-token session at K = 0 probes a handful of times, most of them early)."""
+    world = near_break_even()
+    free = AdaptiveKController(CONFIG, shadow_probes=True, shadow_probes_contend=False)
+    ks, free_probes = play_shadow(free, world, 200)
+    assert ks.count(0) >= 190  # the session stayed at K = 0 ...
+    assert free.estimates()["probe_interval_rounds"] == CONFIG.probe_interval_rounds  # ... and kept probing
+    assert free_probes >= 200 // CONFIG.probe_interval_rounds - 1
+    _, contended_probes = play_shadow(AdaptiveKController(CONFIG, shadow_probes=True), world, 200)
+    assert contended_probes < free_probes / 2, (contended_probes, free_probes)
+
+
+def probed_stretches(controller: AdaptiveKController, world: Conditions, stretches: int) -> list[int]:
+    """The lengths of the next stretches that carry a probe beside them (the probe runs at the
+    stretch's end), each probe observed as matching nothing."""
+    lengths: list[int] = []
+    while len(lengths) < stretches:
+        rounds = controller.plain_rounds(shadow=True)
+        assert rounds > 0
+        k = controller.shadow_probe()
+        controller.observe_plain(rounds, world.plain_pace(rounds))
+        if k > 0:
+            lengths.append(rounds)
+            controller.observe_shadow(shadow_observation(k, 0, world), tested=k, behind=k)
+    return lengths
+
+
+def test_with_a_probe_rng_the_probes_fall_at_drawn_positions() -> None:
+    """At fixed intervals every answer is probed at the same positions, and a pool that counts
+    only those learns their acceptance, not the answers'; drawn within the jitter around the
+    interval they fall anywhere."""
+    world = near_break_even()
+    interval = CONFIG.probe_interval_rounds
+    fixed = AdaptiveKController(CONFIG, shadow_probes=True, shadow_probes_contend=False)
+    play_shadow(fixed, world, 200)
+    assert set(probed_stretches(fixed, world, 20)) == {interval}
+    drawn = AdaptiveKController(CONFIG, shadow_probes=True, shadow_probes_contend=False,
+                                probe_rng=random.Random(0))
+    play_shadow(drawn, world, 200)
+    lengths = probed_stretches(drawn, world, 200)
+    spread = int(interval * CONFIG.shadow_probe_jitter)
+    assert min(lengths) >= interval - spread and max(lengths) <= interval + spread
+    assert len(set(lengths)) >= spread  # not a few positions
+    assert abs(sum(lengths) / len(lengths) - interval) < 1.5  # the interval on average
+
+
 def test_a_contended_shadow_probe_does_not_raise_the_drafts_timings() -> None:
     """A probe beside a stretch ran while the target decoded, on the target's cores where the two
     share them: its Propose (here ten times a round's) bounds a round's from above only; taken as

@@ -162,6 +162,35 @@ def test_each_network_measures_its_own_ways():
     assert not streaming.streams_next(True, network=3)  # the near network keeps its own answer
 
 
+def test_rounds_that_stayed_at_k0_do_not_stand_for_rounds_that_draft():
+    """A fresh orchestrator's first request ran its rounds at K = 0 throughout (its first probes
+    found little accepted: a stretch's pace), and a stream beat that. A later request whose
+    controller would draft from its start runs the rounds again, and what it measures replaces
+    the K = 0 pace: drafting, they are faster, and they are kept. Requests that would not draft
+    go the way the paces say, and without the rule nothing brings the rounds back soon."""
+    streaming = RequestStreaming(margin=0.1)
+    streaming.observe(True, False, 0.036, drafted=False)  # rounds at K = 0 throughout
+    assert streaming.streams_next(True)  # streaming, not yet measured
+    streaming.observe(True, True, 0.029, accepted_share=0.2)
+    assert streaming.streams_next(True, drafts=False)  # streams are clearly faster than K = 0
+    assert not streaming.streams_next(True, drafts=True)  # ... not measured against drafting rounds
+    streaming.observe(True, False, 0.022, drafted=True)
+    assert streaming.paces[(True, 0)].seconds[False] == pytest.approx(0.022)  # replaced, not smoothed
+    assert streaming.is_test(True, True) and not streaming.is_test(True, False)  # the rounds are favoured
+    # rounds that stop drafting are a stretch's pace again
+    streaming.observe(True, False, 0.040, drafted=False)
+    assert streaming.paces[(True, 0)].seconds[False] == pytest.approx(0.040)
+    assert not streaming.streams_next(True, drafts=True)
+
+    # Without the rule (no drafted told) the K = 0 pace is smoothed in: the drafting rounds taken
+    # as slower than the stream they beat.
+    plain = RequestStreaming(margin=0.1)
+    plain.observe(True, False, 0.036)
+    plain.observe(True, True, 0.029, accepted_share=0.2)
+    plain.observe(True, False, 0.022)
+    assert plain.paces[(True, 0)].seconds[False] > 0.029
+
+
 def test_a_stream_whose_offers_were_not_accepted_is_not_taken_as_faster():
     """The ways are measured on different requests, whose texts run at different paces. A stream
     whose offered drafts the target accepted for none of its tokens was a plain Decode: measured
