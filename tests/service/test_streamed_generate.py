@@ -255,7 +255,7 @@ def _long_answers(reference_target) -> list[tuple[list[int], list[int]]]:
 
 
 class AlwaysStreaming(RequestStreaming):
-    def streams_next(self, greedy: bool, network: int = 0) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
         return True
 
 
@@ -285,6 +285,49 @@ def test_a_streamed_request_offers_whatever_stretches_measured(distant_draft_sta
     assert stretch_paces.seconds == {True: 1.0, False: 0.01}
 
 
+class RoundsRecorded(RequestStreaming):
+    """Every request runs the controller's rounds; what each was told and measured is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[bool] = []  # drafts, as each request started
+        self.drafted: list[bool | None] = []  # drafted, as each request's rounds were measured
+
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
+        self.asked.append(drafts)
+        return False
+
+    def observe(self, greedy: bool, streamed: bool, seconds_per_token: float, network: int = 0,
+                accepted_share: float | None = None, drafted: bool | None = None) -> None:
+        assert not streamed
+        self.drafted.append(drafted)
+        super().observe(greedy, streamed, seconds_per_token, network, accepted_share, drafted)
+
+
+def test_the_rounds_pace_is_told_whether_the_rounds_drafted(distant_draft_stack, reference_target):
+    """Pipelining auto keeps the rounds' pace with whether its request drafted (a request whose
+    controller would draft re-measures rounds that did not): each request's rounds are told
+    whether any of its rounds drafted, as its stats count them, and each new request is asked
+    about with its controller's opening choice."""
+    orchestrator_service = distant_draft_stack.orchestrator
+    saved = orchestrator_service.request_streaming
+    orchestrator_service.request_streaming = recorded = RoundsRecorded()
+    drafted: list[bool] = []
+    try:
+        for prompt, expected in _long_answers(reference_target)[:3]:
+            speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
+            request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
+                                         speculation=speculation)
+            tokens, _, last = generate(distant_draft_stack.address, request)
+            assert tokens == expected, prompt
+            assert dict(last.stats.controller_estimates)["auto_streamed"] == 0.0
+            drafted.append(last.stats.drafted_tokens > 0)
+    finally:
+        orchestrator_service.request_streaming = saved
+    assert recorded.drafted == drafted
+    assert len(recorded.asked) == 3 and all(isinstance(drafts, bool) for drafts in recorded.asked)
+
+
 class TrialLosing(RequestStreaming):
     """Every request starts the way `first` says, as a test that turns out clearly the slower
     when it is judged: what is tested here is the switch to the other way mid-request."""
@@ -294,7 +337,7 @@ class TrialLosing(RequestStreaming):
         self.first = first
         self.judged: list[tuple[bool, bool]] = []  # (greedy, streamed) of each test judged
 
-    def streams_next(self, greedy: bool, network: int = 0) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
         return self.first
 
     def is_test(self, greedy: bool, streams: bool, network: int = 0) -> bool:
