@@ -67,9 +67,8 @@ probe rounds do only where the draft computes on the target's hardware (``shadow
 there they take the stretch's cores. Where the draft has hardware of its own they cost the stretch
 nothing, and they keep the base interval, so that alpha is measured along the whole answer, each
 probe's position drawn around its interval (``probe_rng``) so that the probes of different
-answers do not all fall on the same positions.
-Two kinds of optimism
-keep it measuring what it cannot see: K = 0 is chosen only if it also wins at an alpha one
+answers do not all fall on the same positions. Two kinds of optimism keep it measuring what it
+cannot see: K = 0 is chosen only if it also wins at an alpha one
 posterior sd higher (at K = 0 alpha is no longer observed; not where drafting at the estimate
 loses more than optimism_max_loss per token: the probes explore there; nor with shadow probes,
 which observe alpha at K = 0 at no round's cost), and row counts
