@@ -513,7 +513,10 @@ class AdaptiveKController:
         if self._probe_rng is None:
             return 0
         spread = int(interval * self._config.shadow_probe_jitter)
-        return self._probe_rng.randint(-spread, spread)
+        # A stretch shorter than the probe's drafts (and the token after them, where it drafts
+        # ahead) would test fewer of them, and give no rank: never drawn below that.
+        longest = max(0, interval - (self._config.shadow_probe_num_speculative_tokens + 1))
+        return self._probe_rng.randint(-spread, min(spread, longest))
 
     def would_draft(self) -> bool:
         """Whether this session, as its estimates stand, would draft now rather than stretch

@@ -198,6 +198,14 @@ def test_with_a_probe_rng_the_probes_fall_at_drawn_positions() -> None:
     assert min(lengths) >= interval - spread and max(lengths) <= interval + spread
     assert len(set(lengths)) >= spread  # not a few positions
     assert abs(sum(lengths) / len(lengths) - interval) < 1.5  # the interval on average
+    # A short interval (the candidate ranks' probes run every 8 tokens) is never drawn shorter
+    # than the probe's drafts and the token after them: a shorter stretch would test fewer.
+    short = replace(CONFIG, probe_interval_rounds=6)
+    drawn = AdaptiveKController(short, shadow_probes=True, shadow_probes_contend=False,
+                                probe_rng=random.Random(1))
+    play_shadow(drawn, world, 200)
+    lengths = probed_stretches(drawn, world, 100)
+    assert min(lengths) == SHADOW_K + 1 and max(lengths) == 6 + 3, sorted(set(lengths))
 
 
 def test_a_contended_shadow_probe_does_not_raise_the_drafts_timings() -> None:
