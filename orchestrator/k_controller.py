@@ -487,8 +487,7 @@ class AdaptiveKController:
         if self._num_speculative_tokens != 0:
             return 0
         measuring = self._measures_ranks_beside()
-        if (self._ahead is not None and not measuring and not self._plain_pace_unmeasured()
-                and self._ahead_pays()):
+        if self._drafts_ahead_from_k0(measuring):
             # Drafting ahead beats K = 0 (while the ranks are pending and no probe beside a stretch
             # can measure them, at hopeful ranks against K = 0 priced as Verify rounds, so that it
             # is tried; where even so it does not, K = 0 stretches to the next probe, which drafts
@@ -522,9 +521,14 @@ class AdaptiveKController:
         """Whether this session, as its estimates stand, would draft now rather than stretch
         K = 0: its plain K, or under pipelining auto drafting ahead once a stretch's pace is
         measured (PlainStretches)."""
-        if self._num_speculative_tokens > 0:
-            return True
-        return self._ahead is not None and not self._plain_pace_unmeasured() and self._ahead_pays()
+        return self._num_speculative_tokens > 0 or self._drafts_ahead_from_k0(self._measures_ranks_beside())
+
+    def _drafts_ahead_from_k0(self, measuring: bool) -> bool:
+        """Under pipelining auto at a plain K of 0, whether the next round drafts ahead rather
+        than stretching K = 0: not while the ranks are measured beside the stretches (measuring:
+        _measures_ranks_beside) or a stretch's pace is unmeasured, and then where it pays."""
+        return (self._ahead is not None and not measuring and not self._plain_pace_unmeasured()
+                and self._ahead_pays())
 
     def _measures_ranks_beside(self) -> bool:
         """Under pipelining auto, whether the pool's candidate ranks are still to be measured

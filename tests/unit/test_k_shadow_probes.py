@@ -376,6 +376,24 @@ def test_under_pipelining_auto_greedy_probes_beside_stretches_measure_the_ranks(
     assert controller.estimates()["probe_interval_rounds"] > 2 * RANK_PROBE_INTERVAL
 
 
+def test_a_session_measuring_the_ranks_beside_its_stretches_would_not_draft() -> None:
+    """would_draft (what pipelining auto's way choice asks as a request starts) says what the
+    session's next choice is: a session that tests drafting ahead in rounds would draft; one that
+    measures the ranks beside its stretches first would not, though at hopeful ranks drafting
+    ahead would pay (told it would, the way choice ran rounds that then stretched K = 0)."""
+    world = draft_hop_world()
+    testing = auto_controller(PipelinePriors(), shadow_probes=True)
+    play(testing, SimulatedServices(1), world, 40)
+    assert testing.would_draft()
+    assert testing.plain_rounds(shadow=True) == 0
+
+    measuring = auto_controller(PipelinePriors(), shadow_probes=True, ranks_beside=True)
+    play_shadow(measuring, world, 20, rank=1)  # a few outcomes, every one a hit so far
+    assert measuring.estimates()["num_speculative_tokens"] == 0
+    assert not measuring.would_draft()
+    assert measuring.plain_rounds(shadow=True) > 0
+
+
 def test_a_fit_left_by_cold_passes_is_corrected_by_the_stretches_passes() -> None:
     """A session whose first rounds ran on a cold device (every pass and draft step 10x its later
     cost, and nothing accepted) settles at K = 0; its probes then run beside its stretches and
