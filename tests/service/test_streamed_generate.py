@@ -254,6 +254,19 @@ def _long_answers(reference_target) -> list[tuple[list[int], list[int]]]:
     return references
 
 
+def _auto_requests(stack, reference_target):
+    """Three adaptive requests under pipelining auto on prompts whose greedy answer runs the whole
+    LONG_NEW_TOKENS, each checked token for token against the target's own: yields each one's
+    last response (its stats)."""
+    for prompt, expected in _long_answers(reference_target)[:3]:
+        speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
+        request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
+                                     speculation=speculation)
+        tokens, _, last = generate(stack.address, request)
+        assert tokens == expected, prompt
+        yield last
+
+
 class AlwaysStreaming(RequestStreaming):
     def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
         return True
@@ -271,12 +284,7 @@ def test_a_streamed_request_offers_whatever_stretches_measured(distant_draft_sta
     orchestrator_service.request_streaming = AlwaysStreaming()
     orchestrator_service.stretch_paces = {True: stretch_paces, False: StreamPaces()}
     try:
-        for prompt, expected in _long_answers(reference_target)[:3]:
-            speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
-            request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
-                                         speculation=speculation)
-            tokens, _, last = generate(distant_draft_stack.address, request)
-            assert tokens == expected, prompt
+        for last in _auto_requests(distant_draft_stack, reference_target):
             stats = last.stats
             assert dict(stats.controller_estimates)["auto_streamed"] == 1.0
             assert stats.decode_calls > 0 and stats.offers > 0, (stats.decode_calls, stats.offers)
@@ -314,12 +322,7 @@ def test_the_rounds_pace_is_told_whether_the_rounds_drafted(distant_draft_stack,
     orchestrator_service.request_streaming = recorded = RoundsRecorded()
     drafted: list[bool] = []
     try:
-        for prompt, expected in _long_answers(reference_target)[:3]:
-            speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
-            request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
-                                         speculation=speculation)
-            tokens, _, last = generate(distant_draft_stack.address, request)
-            assert tokens == expected, prompt
+        for last in _auto_requests(distant_draft_stack, reference_target):
             assert dict(last.stats.controller_estimates)["auto_streamed"] == 0.0
             drafted.append(last.stats.drafted_tokens > 0)
     finally:
@@ -353,17 +356,11 @@ def test_a_request_switches_way_where_its_test_loses(distant_draft_stack, refere
     """Pipelining auto: a request that tests a way (streamed, or the controller's rounds) that
     turns out clearly the slower after 16 tokens runs the rest of it the other way. Greedy output
     is the target's, whichever way each token came."""
-    references = _long_answers(reference_target)
     orchestrator_service = distant_draft_stack.orchestrator
     saved = orchestrator_service.request_streaming
     orchestrator_service.request_streaming = forced = TrialLosing(first)
     try:
-        for prompt, expected in references[:3]:
-            speculation = pb.SpeculationConfig(mode=pb.SPECULATION_MODE_ADAPTIVE, pipeline=pb.PIPELINE_MODE_AUTO)
-            request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=LONG_NEW_TOKENS,
-                                         speculation=speculation)
-            tokens, _, last = generate(distant_draft_stack.address, request)
-            assert tokens == expected, prompt
+        for last in _auto_requests(distant_draft_stack, reference_target):
             estimates = dict(last.stats.controller_estimates)
             assert estimates["auto_switched"] == 1.0 and estimates["auto_streamed"] == float(not first), estimates
     finally:
