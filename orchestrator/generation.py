@@ -230,9 +230,11 @@ class Generation:
             self.stats.time_to_first_token_seconds = time.perf_counter() - started
             if self.request_streaming is not None and self._offered_stretch() is not None:
                 self._network = self._network_octave()
-                drafts = isinstance(self.policy, PlainStretches) and self.policy.would_draft()
+                drafts = measuring = False
+                if isinstance(self.policy, PlainStretches):
+                    drafts, measuring = self.policy.would_draft(), self.policy.measures_beside()
                 self._streams = self.request_streaming.streams_next(self.request.sampling.greedy, self._network,
-                                                                    drafts=drafts)
+                                                                    drafts=drafts, measuring=measuring)
             chunk: Chunk | None = self._commit([first])
             self._start_way()
             while chunk is None or chunk.finish_reason is None:

@@ -523,6 +523,11 @@ class AdaptiveKController:
         measured (PlainStretches)."""
         return self._num_speculative_tokens > 0 or self._drafts_ahead_from_k0(self._measures_ranks_beside())
 
+    def measures_beside(self) -> bool:
+        """Whether the pool's candidate ranks are still measured beside this session's stretches
+        (_measures_ranks_beside): until they are, drafting ahead from K = 0 waits for them."""
+        return self._measures_ranks_beside()
+
     def _drafts_ahead_from_k0(self, measuring: bool) -> bool:
         """Under pipelining auto at a plain K of 0, whether the next round drafts ahead rather
         than stretching K = 0: not while the ranks are measured beside the stretches (measuring:

@@ -139,6 +139,11 @@ class PlainStretches(Protocol):
         """Whether, as its estimates stand, the policy would draft now (K > 0, or drafting ahead
         under pipelining auto) rather than stretch K = 0: a new request's first choice."""
 
+    def measures_beside(self) -> bool:
+        """Whether its K = 0 stretches are still measuring, beside them, what decides whether it
+        drafts (under pipelining auto the pool's candidate ranks): a request that streamed instead
+        would measure none of it."""
+
     def observe_stream_pace(self, seconds_per_token: float, passes: DecodedPasses | None = None) -> None:
         """Record a streamed Decode call (no rounds; MIN_PACE_TOKENS tokens or more) at
         seconds_per_token: the pace of the Decode a stretch runs, which prices K = 0."""
@@ -194,6 +199,9 @@ class FixedK:
 
     def would_draft(self) -> bool:
         return self.num_speculative_tokens > 0
+
+    def measures_beside(self) -> bool:
+        return False
 
     def observe_stream_pace(self, seconds_per_token: float, passes: DecodedPasses | None = None) -> None:
         pass

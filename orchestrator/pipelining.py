@@ -224,7 +224,12 @@ class RequestStreaming:
     runs the rounds while that pace is one of rounds that did not, and the pace it measures
     replaces the other. Without that a fresh orchestrator whose first request happened to stay at
     K = 0 streamed every request after it, where the rounds then drafted ahead at 1.3-1.5x the
-    streams' pace."""
+    streams' pace. Likewise a request whose controller is still measuring, beside its stretches,
+    what decides whether its rounds draft (`measuring`: the pool's candidate ranks) runs the
+    rounds: a stream measures none of it, and while streams won against a first request's K = 0
+    stretches the ranks stayed unmeasured and the rounds came back only at a test of them, a
+    repetition later on the emulated pair (1.1-1.2x adaptive K where drafted-ahead rounds ran
+    1.3x)."""
 
     def __init__(self, margin: float = 0.1) -> None:
         self.margin = margin
@@ -234,9 +239,10 @@ class RequestStreaming:
     def _paces(self, greedy: bool, network: int) -> StreamPaces:
         return self.paces.setdefault((greedy, network), StreamPaces(first=False, margin=self.margin))
 
-    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
-        """Whether the next request streams; drafts: its controller would draft from its start."""
-        if drafts and self.rounds_drafted.get((greedy, network)) is False:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False, measuring: bool = False) -> bool:
+        """Whether the next request streams; drafts: its controller would draft from its start;
+        measuring: its rounds still measure what decides whether they draft."""
+        if measuring or (drafts and self.rounds_drafted.get((greedy, network)) is False):
             return False
         return self._paces(greedy, network).offer_next()
 

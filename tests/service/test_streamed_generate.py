@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import orchestrator.server
+from orchestrator.pipeline_policy import PipelineConfig, PipelinePriors
 from orchestrator.pipelining import RequestStreaming, StreamPaces
 from orchestrator.pool import PoolConfig
 from orchestrator.service import OrchestratorConfig
@@ -268,7 +269,7 @@ def _auto_requests(stack, reference_target):
 
 
 class AlwaysStreaming(RequestStreaming):
-    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False, measuring: bool = False) -> bool:
         return True
 
 
@@ -296,13 +297,16 @@ def test_a_streamed_request_offers_whatever_stretches_measured(distant_draft_sta
 class RoundsRecorded(RequestStreaming):
     """Every request runs the controller's rounds; what each was told and measured is kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: PipelinePriors) -> None:
         super().__init__()
+        self.pool = pool  # the greedy requests' candidate ranks
         self.asked: list[bool] = []  # drafts, as each request started
+        self.measuring: list[tuple[bool, int]] = []  # measuring, and the pool's outcomes then
         self.drafted: list[bool | None] = []  # drafted, as each request's rounds were measured
 
-    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False, measuring: bool = False) -> bool:
         self.asked.append(drafts)
+        self.measuring.append((measuring, self.pool.outcomes))
         return False
 
     def observe(self, greedy: bool, streamed: bool, seconds_per_token: float, network: int = 0,
@@ -316,19 +320,26 @@ def test_the_rounds_pace_is_told_whether_the_rounds_drafted(distant_draft_stack,
     """Pipelining auto keeps the rounds' pace with whether its request drafted (a request whose
     controller would draft re-measures rounds that did not): each request's rounds are told
     whether any of its rounds drafted, as its stats count them, and each new request is asked
-    about with its controller's opening choice."""
+    about with its controller's opening choice, and with whether its stretches still measure the
+    pool's candidate ranks beside them (greedy, the draft on hardware of its own: from a fresh
+    pool, until it has its outcomes)."""
     orchestrator_service = distant_draft_stack.orchestrator
-    saved = orchestrator_service.request_streaming
-    orchestrator_service.request_streaming = recorded = RoundsRecorded()
+    saved = orchestrator_service.request_streaming, orchestrator_service.pipeline_priors
+    pool = PipelinePriors()
+    orchestrator_service.pipeline_priors = {"greedy": pool, "sampled": PipelinePriors()}
+    orchestrator_service.request_streaming = recorded = RoundsRecorded(pool)
     drafted: list[bool] = []
     try:
         for last in _auto_requests(distant_draft_stack, reference_target):
             assert dict(last.stats.controller_estimates)["auto_streamed"] == 0.0
             drafted.append(last.stats.drafted_tokens > 0)
     finally:
-        orchestrator_service.request_streaming = saved
+        orchestrator_service.request_streaming, orchestrator_service.pipeline_priors = saved
     assert recorded.drafted == drafted
     assert len(recorded.asked) == 3 and all(isinstance(drafts, bool) for drafts in recorded.asked)
+    needed = PipelineConfig().measured_outcomes
+    assert recorded.measuring[0] == (True, 0), recorded.measuring
+    assert all(measuring == (outcomes < needed) for measuring, outcomes in recorded.measuring), recorded.measuring
 
 
 class TrialLosing(RequestStreaming):
@@ -340,7 +351,7 @@ class TrialLosing(RequestStreaming):
         self.first = first
         self.judged: list[tuple[bool, bool]] = []  # (greedy, streamed) of each test judged
 
-    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False) -> bool:
+    def streams_next(self, greedy: bool, network: int = 0, drafts: bool = False, measuring: bool = False) -> bool:
         return self.first
 
     def is_test(self, greedy: bool, streams: bool, network: int = 0) -> bool:

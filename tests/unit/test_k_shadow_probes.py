@@ -380,18 +380,27 @@ def test_a_session_measuring_the_ranks_beside_its_stretches_would_not_draft() ->
     """would_draft (what pipelining auto's way choice asks as a request starts) says what the
     session's next choice is: a session that tests drafting ahead in rounds would draft; one that
     measures the ranks beside its stretches first would not, though at hopeful ranks drafting
-    ahead would pay (told it would, the way choice ran rounds that then stretched K = 0)."""
+    ahead would pay (told it would, the way choice ran rounds that then stretched K = 0). The way
+    choice also asks measures_beside: while it does, a stream would measure nothing of what
+    decides whether the rounds draft; once the pool has its outcomes, it does not."""
     world = draft_hop_world()
     testing = auto_controller(PipelinePriors(), shadow_probes=True)
     play(testing, SimulatedServices(1), world, 40)
-    assert testing.would_draft()
+    assert testing.would_draft() and not testing.measures_beside()
     assert testing.plain_rounds(shadow=True) == 0
 
-    measuring = auto_controller(PipelinePriors(), shadow_probes=True, ranks_beside=True)
+    priors = PipelinePriors()
+    measuring = auto_controller(priors, shadow_probes=True, ranks_beside=True)
+    assert measuring.measures_beside()  # a fresh pool: from the session's start
     play_shadow(measuring, world, 20, rank=1)  # a few outcomes, every one a hit so far
     assert measuring.estimates()["num_speculative_tokens"] == 0
-    assert not measuring.would_draft()
+    assert not measuring.would_draft() and measuring.measures_beside()
     assert measuring.plain_rounds(shadow=True) > 0
+
+    play_shadow(measuring, world, PipelineConfig().measured_outcomes * RANK_PROBE_INTERVAL * 2, rank=1)
+    assert priors.outcomes >= PipelineConfig().measured_outcomes
+    assert not measuring.measures_beside()
+    assert not auto_controller(priors, shadow_probes=True, ranks_beside=True).measures_beside()
 
 
 def test_a_fit_left_by_cold_passes_is_corrected_by_the_stretches_passes() -> None:

@@ -162,6 +162,26 @@ def test_each_network_measures_its_own_ways():
     assert not streaming.streams_next(True, network=3)  # the near network keeps its own answer
 
 
+def test_a_request_still_measuring_what_decides_its_rounds_runs_them():
+    """Streams measured clearly faster than a first request's K = 0 stretches; a request whose
+    controller is still measuring, beside its stretches, what decides whether its rounds draft
+    (the pool's candidate ranks) runs the rounds all the same, and leaves the choice of the
+    requests after it as it was (a stream measures none of that, and the ranks stayed unmeasured
+    while streams won)."""
+    def measured() -> RequestStreaming:
+        streaming = RequestStreaming(margin=0.1)
+        streaming.observe(True, False, 0.036, drafted=False)  # rounds at K = 0 throughout
+        streaming.observe(True, True, 0.029, accepted_share=0.2)
+        return streaming
+
+    streaming, untouched = measured(), measured()
+    assert not streaming.streams_next(True, measuring=True)
+    assert not streaming.streams_next(True, drafts=True, measuring=True)
+    choices = [streaming.streams_next(True) for _ in range(12)]
+    assert choices == [untouched.streams_next(True) for _ in range(12)]
+    assert choices.count(True) > choices.count(False)  # the streams: clearly faster than K = 0
+
+
 def test_rounds_that_stayed_at_k0_do_not_stand_for_rounds_that_draft():
     """A fresh orchestrator's first request ran its rounds at K = 0 throughout (its first probes
     found little accepted: a stretch's pace), and a stream beat that. A later request whose
