@@ -269,7 +269,7 @@ def speedup_bound(
 # stalled stream, or a first token that came at once, is not the pace of K = 0 rounds).
 PLAIN_FACTOR_RANGE = (0.25, 4.0)
 # K = 0 rounds between probes beside a stretch while they measure the pool's candidate ranks
-# (pipelining auto, _measures_ranks_beside): a rank each, PipelineConfig.measured_outcomes of them
+# (pipelining auto, measures_beside): a rank each, PipelineConfig.measured_outcomes of them
 # within the first request or two.
 RANK_PROBE_INTERVAL = 8
 
@@ -357,7 +357,7 @@ class AdaptiveKController:
     this session's estimates and receives them after every round. shadow_probes: the session can
     probe beside a stretch (a model draft; see the module docstring). ranks_beside: those probes
     can also measure the draft's candidate ranks for pipelining auto (greedy: the stretch's tokens
-    are what a Verify would commit; _measures_ranks_beside). shadow_probes_contend: the draft
+    are what a Verify would commit; measures_beside). shadow_probes_contend: the draft
     computes on the target's hardware, so those probes take the stretch's cores and back off as
     probe rounds do; otherwise they keep the base interval (see the module docstring).
     probe_rng: where given, draws where each probe beside a stretch falls (shadow_probe_jitter);
@@ -478,7 +478,7 @@ class AdaptiveKController:
         shadow: the caller can run a probe beside the stretch; a probe due then does not end
         the stretch but is taken for it (shadow_probe() gives its K, shadow_probe_fanout whether
         it drafts ahead). Where it can, the pool's candidate ranks are measured by those probes
-        (_measures_ranks_beside) and drafting ahead waits for them, with K = 0 at its pace: each
+        (measures_beside) and drafting ahead waits for them, with K = 0 at its pace: each
         probe drafts ahead at fan-out 1 and its outcome's rank is read off the stretch's tokens
         (and goes on doing so once they are measured: they are what weighs drafting ahead against
         K = 0 while no round drafts ahead)."""
@@ -486,7 +486,7 @@ class AdaptiveKController:
         self._beside = shadow
         if self._num_speculative_tokens != 0:
             return 0
-        measuring = self._measures_ranks_beside()
+        measuring = self.measures_beside()
         if self._drafts_ahead_from_k0(measuring):
             # Drafting ahead beats K = 0 (while the ranks are pending and no probe beside a stretch
             # can measure them, at hopeful ranks against K = 0 priced as Verify rounds, so that it
@@ -521,21 +521,16 @@ class AdaptiveKController:
         """Whether this session, as its estimates stand, would draft now rather than stretch
         K = 0: its plain K, or under pipelining auto drafting ahead once a stretch's pace is
         measured (PlainStretches)."""
-        return self._num_speculative_tokens > 0 or self._drafts_ahead_from_k0(self._measures_ranks_beside())
-
-    def measures_beside(self) -> bool:
-        """Whether the pool's candidate ranks are still measured beside this session's stretches
-        (_measures_ranks_beside): until they are, drafting ahead from K = 0 waits for them."""
-        return self._measures_ranks_beside()
+        return self._num_speculative_tokens > 0 or self._drafts_ahead_from_k0(self.measures_beside())
 
     def _drafts_ahead_from_k0(self, measuring: bool) -> bool:
         """Under pipelining auto at a plain K of 0, whether the next round drafts ahead rather
         than stretching K = 0: not while the ranks are measured beside the stretches (measuring:
-        _measures_ranks_beside) or a stretch's pace is unmeasured, and then where it pays."""
+        measures_beside) or a stretch's pace is unmeasured, and then where it pays."""
         return (self._ahead is not None and not measuring and not self._plain_pace_unmeasured()
                 and self._ahead_pays())
 
-    def _measures_ranks_beside(self) -> bool:
+    def measures_beside(self) -> bool:
         """Under pipelining auto, whether the pool's candidate ranks are still to be measured
         (PipelineConfig.measured_outcomes) and this session measures them beside its stretches:
         its probes there draft ahead (shadow_probe_fanout) and the stretch's tokens give each
@@ -545,7 +540,8 @@ class AdaptiveKController:
         10-25 %). Greedy only: under sampling a round's correction is drawn from the residual and its
         bonus with the round's own uniform, which a stretch's tokens are not, so there (and
         without probes beside stretches) the ranks are measured by drafted-ahead rounds instead
-        (_ranks_pending)."""
+        (_ranks_pending). Also PlainStretches': while it holds, pipelining auto's way choice runs
+        the rounds (a stream would measure none of the ranks)."""
         return (self._ahead is not None and self._ranks_beside and self._beside
                 and not self._ahead.ranks_measured)
 
@@ -610,7 +606,7 @@ class AdaptiveKController:
         self._update_draft_estimates(observation, index, upper_bounds=True)
         self._pending_catchup_tokens = max(0, behind)
         self._decide()
-        if not self._measures_ranks_beside():  # those probes measure the ranks, not a K = 0 to back off from
+        if not self.measures_beside():  # those probes measure the ranks, not a K = 0 to back off from
             self._space_probes(backs_off=self._shadow_probes_contend)
         if self._priors is not None:
             self._priors.update(self._session_estimates())
@@ -923,7 +919,7 @@ class AdaptiveKController:
         (PipelineConfig.session_test_rounds): from then on its drafted-ahead rounds have to beat
         K = 0 at its pace. True while the costs are not known."""
         if (self._ahead is None or self._ahead.ranks_measured or self._ahead.tests_spent
-                or self._measures_ranks_beside()):
+                or self.measures_beside()):
             return False
         base = verify_round_costs if verify_round_costs is not None else self._verify_round_costs()
         costs = self._with_draft(self._at_plain_pace(base), include_catchup=False) if base is not None else None
